@@ -1,0 +1,34 @@
+# The two commands that matter: `make demo` and `make test`. Both set up everything they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV = $(shell ./deploy/venv.sh)
+PY = $(VENV)/bin/python
+export MLFLOW_DISABLE_TELEMETRY = true
+export DO_NOT_TRACK = true
+export FEAST_USAGE = False
+
+.PHONY: help demo test unit check lint format lock bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+demo:  ## run the whole online-learning loop in one process (embedded profile), about 5 minutes
+	@venv=$(VENV); $$venv/bin/ctr demo --out runs/demo
+
+test:  ## install everything, run the whole test suite
+	@venv=$(VENV); $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+unit:  ## only the fast tests (no services, nothing slow)
+	@venv=$(VENV); $$venv/bin/python -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
+
+check:  ## ruff (lint + format check) and mypy
+	@venv=$(VENV); $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/mypy
+
+format:  ## apply ruff's formatter and autofixes
+	@venv=$(VENV); $$venv/bin/ruff format . && $$venv/bin/ruff check --fix .
+
+lock:  ## recompile requirements.lock from requirements.in
+	@venv=$(VENV); $$venv/bin/uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q --no-header
+
+clean:  ## remove run outputs (not the cached venv)
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,207 @@
+"""One typed configuration object, loaded from an optional TOML file plus environment variables.
+
+Precedence: defaults < TOML file < environment. Every field of every section can be set from the
+environment as ``CTR_<SECTION>_<FIELD>`` (upper case), e.g. ``CTR_JOINER_ATTRIBUTION_WINDOW_S=600``.
+Values are cast to the field's type; a value that does not cast fails loudly and names the field.
+Secrets (the pseudonymization key, passwords) come only from the environment, never from the file.
+
+>>> cfg = load_config(env={"CTR_TRAINER_TRAIN_EVERY": "5000"})
+>>> cfg.trainer.train_every
+5000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "FeatureConfig",
+    "JoinerConfig",
+    "RegistryConfig",
+    "ServingConfig",
+    "SimulatorConfig",
+    "TrainerConfig",
+    "ValidationConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+@dataclass
+class ValidationConfig:
+    max_event_bytes: int = 65_536  # a raw event larger than this is a dead letter
+    max_features: int = 64  # most categorical / dense entries an impression may carry
+    max_value_chars: int = 256  # longest categorical feature value
+    max_future_skew_s: float = 300.0  # events further ahead of the clock are rejected
+    max_past_age_s: float = 7 * 86_400.0  # events older than this behind the clock are rejected
+    pii_feature_keys: tuple[str, ...] = ("device_id", "device_ip", "ip")  # hashed like user_id
+    # Key of the keyed hash that pseudonymizes user/device ids. Secret: set it in the environment
+    # (CTR_VALIDATION_PSEUDONYM_KEY); the default is for demos and tests only.
+    pseudonym_key: str = field(default="demo-only-not-secret", repr=False)
+
+
+@dataclass
+class JoinerConfig:
+    attribution_window_s: float = 900.0  # a click counts if it comes within this of its impression
+    watermark_lag_s: float = 60.0  # watermark = max event time seen - lag (tolerated disorder)
+    early_click_hold_s: float = 900.0  # how long a click waits for an impression it came before
+    dedup_horizon_s: float = 3_600.0  # ids are remembered this long past their window for dedup
+
+
+@dataclass
+class FeatureConfig:
+    windows_s: tuple[int, ...] = (3_600, 86_400)  # sliding windows of the streaming counters
+    bucket_s: int = 300  # granularity of the sliding windows
+    ctr_prior_clicks: float = 1.0  # smoothed CTR = (clicks + a) / (impressions + a / prior_ctr)
+    ctr_prior_rate: float = 0.05  # the prior CTR used for smoothing
+    push_every_events: int = 50_000  # micro-batch size of pushes to the Feast store
+    repo_path: str = ""  # Feast repository; empty = the bundled features/repo with a per-run store
+    project: str = "ctr"  # Feast project name (each replay gets its own store folder)
+
+
+@dataclass
+class TrainerConfig:
+    model: str = "deepfm"  # deepfm | lr
+    train_every: int = 100_000  # labelled examples per block
+    batch_size: int = 2_048  # examples per optimizer step
+    hash_buckets: int = 1 << 20  # rows of the hashed embedding table
+    embedding_dim: int = 16
+    hidden: tuple[int, ...] = (128, 64)  # DeepFM's MLP layers
+    lr_dense: float = 1e-3  # Adam on the dense parameters
+    lr_sparse: float = 1e-2  # SparseAdam on the embedding rows
+    epochs_per_block: int = 1
+    holdout_fraction: float = 0.1  # the newest share of a block held out for the gate
+    gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 7
+    threads: int = 0  # torch CPU threads; 0 = torch's default
+
+
+@dataclass
+class RegistryConfig:
+    tracking_uri: str = ""  # empty = sqlite:///<out>/mlflow.db (embedded profile)
+    artifact_root: str = ""  # empty = <out>/mlartifacts
+    model_name: str = "ctr-model"
+    experiment: str = "ctr-online"
+    champion_alias: str = "champion"
+
+
+@dataclass
+class ServingConfig:
+    replicas: int = 2  # in-process replicas (embedded profile)
+    poll_interval_s: float = 0.2  # how often a replica checks the champion alias
+    max_candidates: int = 1_000
+
+
+@dataclass
+class SimulatorConfig:
+    users: int = 5_000
+    items: int = 1_000
+    topics: int = 8  # latent interest topics of the hidden click model
+    events_per_s: float = 50.0  # simulated impressions per event-time second
+    drift_half_life_s: float = 4 * 3_600.0  # how fast user interests move
+    base_ctr: float = 0.06  # rough overall click rate
+    start_ms: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+@dataclass
+class Config:
+    """Everything the pipeline reads. Sections map to the parts of the system."""
+
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    joiner: JoinerConfig = field(default_factory=JoinerConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every value, secrets removed (for lineage and logs)."""
+        out = dataclasses.asdict(self)
+        out["validation"].pop("pseudonym_key", None)
+        return out
+
+
+_SECRETS = {("validation", "pseudonym_key")}
+
+
+def _cast(section: str, name: str, hint: Any, raw: Any) -> Any:
+    where = f"Config '{section}.{name}'"
+    origin = typing.get_origin(hint)
+    try:
+        if origin is tuple:
+            (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+            parts = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]
+            return tuple(item(p.strip() if isinstance(p, str) else p) for p in parts)
+        if origin in (types.UnionType, typing.Union):
+            raise ConfigError(f"{where}: union types are not supported")
+        if hint is bool:
+            if isinstance(raw, bool):
+                return raw
+            low = str(raw).strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if hint is int and isinstance(raw, float) and not raw.is_integer():
+            raise ValueError(raw)
+        if hint is int and isinstance(raw, str):
+            return int(raw.replace("_", ""))
+        return hint(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} = {raw!r} is not a valid {getattr(hint, '__name__', hint)}") from exc
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from defaults, an optional TOML file and ``CTR_*`` variables."""
+    env = os.environ if env is None else env
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"Config file {p} does not exist; pass an existing TOML file or none.")
+        file_values = tomllib.loads(p.read_text())
+    cfg = Config()
+    known = {f.name for f in dataclasses.fields(Config)}
+    for section in file_values:
+        if section not in known:
+            raise ConfigError(f"Unknown config section [{section}]; known: {sorted(known)}")
+    for sec_field in dataclasses.fields(Config):
+        sec_name = sec_field.name
+        section_obj = getattr(cfg, sec_name)
+        hints = typing.get_type_hints(type(section_obj))
+        from_file = file_values.get(sec_name, {})
+        names = {f.name for f in dataclasses.fields(section_obj)}
+        for key in from_file:
+            if key not in names:
+                raise ConfigError(f"Unknown config field '{sec_name}.{key}'; known: {sorted(names)}")
+            if (sec_name, key) in _SECRETS:
+                raise ConfigError(
+                    f"Config '{sec_name}.{key}' is a secret: set CTR_{sec_name.upper()}_{key.upper()} "
+                    "in the environment file, not in the config file."
+                )
+        for f in dataclasses.fields(section_obj):
+            env_key = f"CTR_{sec_name.upper()}_{f.name.upper()}"
+            if env_key in env:
+                raw: Any = env[env_key]
+            elif f.name in from_file:
+                raw = from_file[f.name]
+            else:
+                continue
+            setattr(section_obj, f.name, _cast(sec_name, f.name, hints[f.name], raw))
+    return cfg

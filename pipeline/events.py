@@ -1,0 +1,346 @@
+"""Event schemas, strict validation and pseudonymization.
+
+Four records travel through the pipeline (../shared/DESIGN.md, "Events"):
+
+- :class:`Impression` and :class:`Click`, decoded and validated from raw bytes or mappings;
+- :class:`LabelledExample`, the joiner's output: an impression, its label and the point-in-time
+  streaming feature values it was scored with;
+- :class:`DeadLetter`, what a rejected event becomes: a safe prefix of the raw bytes, where it came
+  from and a reason. Validation never raises on bad input; it returns a dead letter.
+
+User ids and the configured device/IP feature values are replaced at ingest by a keyed BLAKE2b hash
+(a MAC: without the key the pseudonym cannot be recomputed from a guessed id).
+
+>>> v = Validator(ValidationConfig(), clock=ManualClock(1_767_225_600_000))
+>>> imp = v.impression({"impression_id": "i1", "ts": 1_767_225_599_000, "user_id": "alice", "item_id": "ad7",
+...                     "features": {"site": "news"}})
+>>> imp.user_id.startswith("u_") and imp.user_id != "alice"
+True
+>>> v.impression({"impression_id": "i1", "ts": "yesterday", "user_id": "a", "item_id": "b"}).reason
+'bad_type'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import ValidationConfig
+from pipeline.types import Clock, EventKind, ManualClock, RawEvent
+
+__all__ = [
+    "REASONS",
+    "Click",
+    "DeadLetter",
+    "Impression",
+    "LabelledExample",
+    "Pseudonymizer",
+    "Validator",
+]
+
+_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
+_MIN_TS = 946_684_800_000  # 2000-01-01: anything earlier is certainly a unit or parsing mistake
+_RAW_PREFIX = 1_024  # bytes of a rejected event kept in its dead letter
+
+# Every reason a dead letter can carry; counters are keyed by these.
+REASONS = (
+    "too_large",  # raw event over max_event_bytes
+    "bad_encoding",  # not UTF-8
+    "bad_json",  # not parseable JSON
+    "not_an_object",  # JSON but not an object
+    "missing_field",
+    "unknown_field",
+    "bad_type",
+    "bad_id",  # id empty, too long or outside [A-Za-z0-9_.:-]
+    "bad_value",  # feature key/value out of bounds, non-finite number
+    "ts_too_old",
+    "ts_in_future",
+    "user_mismatch",  # a click whose user differs from its impression's (joiner)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Impression:
+    impression_id: str
+    ts: int  # event time, epoch ms
+    user_id: str  # pseudonymized
+    item_id: str
+    features: dict[str, str] = field(default_factory=dict)
+    dense: dict[str, float] = field(default_factory=dict)
+    model_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "impression_id": self.impression_id,
+            "ts": self.ts,
+            "user_id": self.user_id,
+            "item_id": self.item_id,
+            "features": self.features,
+        }
+        if self.dense:
+            d["dense"] = self.dense
+        if self.model_version is not None:
+            d["model_version"] = self.model_version
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    click_id: str
+    impression_id: str
+    ts: int
+    user_id: str  # pseudonymized
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"click_id": self.click_id, "impression_id": self.impression_id, "ts": self.ts,
+                "user_id": self.user_id}
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledExample:
+    """An impression with its label and the feature values as of its impression time."""
+
+    impression: Impression
+    label: int  # 1 if a click came within the attribution window
+    label_ts: int  # event time the label became final: the click's ts, or the window's end
+    stream_features: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def example_id(self) -> str:
+        return self.impression.impression_id
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"impression": self.impression.to_dict(), "label": self.label, "label_ts": self.label_ts,
+             "stream_features": self.stream_features},
+            separators=(",", ":"), sort_keys=True,
+        ).encode()
+
+    @staticmethod
+    def from_json(data: bytes | str) -> LabelledExample:
+        d = json.loads(data)
+        i = d["impression"]
+        imp = Impression(i["impression_id"], i["ts"], i["user_id"], i["item_id"], i.get("features", {}),
+                         i.get("dense", {}), i.get("model_version"))
+        return LabelledExample(imp, d["label"], d["label_ts"], d.get("stream_features", {}))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A rejected event: why, where from, and a safe prefix of what it was."""
+
+    reason: str
+    detail: str
+    kind: str
+    raw: bytes
+    source: str
+    partition: int
+    offset: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"reason": self.reason, "detail": self.detail, "kind": self.kind,
+             "raw": self.raw.decode("utf-8", "backslashreplace"), "source": self.source,
+             "partition": self.partition, "offset": self.offset},
+            separators=(",", ":"),
+        ).encode()
+
+
+class Pseudonymizer:
+    """Keyed hash of personal identifiers; the same key gives the same pseudonym, so joins hold."""
+
+    def __init__(self, key: str, prefix: str = "u_") -> None:
+        if not key:
+            raise ValueError("pseudonym key is empty: set CTR_VALIDATION_PSEUDONYM_KEY")
+        self._key = hashlib.sha256(key.encode()).digest()  # blake2b keys are at most 64 bytes
+        self._prefix = prefix
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, ident: str) -> str:
+        out = self._cache.get(ident)
+        if out is None:
+            digest = hashlib.blake2b(ident.encode(), key=self._key, digest_size=10).hexdigest()
+            out = self._prefix + digest
+            if len(self._cache) > 1_000_000:  # bound memory on high-cardinality streams
+                self._cache.clear()
+            self._cache[ident] = out
+        return out
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+_IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense", "model_version"}
+_CLICK_FIELDS = {"click_id", "impression_id", "ts", "user_id"}
+
+
+class Validator:
+    """Turns raw events into :class:`Impression`/:class:`Click`, or a :class:`DeadLetter` with a reason.
+
+    ``clock`` is the event-time clock that bounds timestamps (wall time in production, the replay
+    position in backtests).
+    """
+
+    def __init__(self, cfg: ValidationConfig, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock or ManualClock(0)
+        self.pseudonymize = Pseudonymizer(cfg.pseudonym_key, "u_")
+        self.pseudonymize_device = Pseudonymizer(cfg.pseudonym_key, "d_")
+        self._pii = frozenset(cfg.pii_feature_keys)
+        self.rejected: dict[str, int] = {}
+
+    # -- public API ------------------------------------------------------------------------------
+    def validate(self, raw: RawEvent) -> Impression | Click | DeadLetter:
+        """Decode and check one raw event; never raises on bad input."""
+        try:
+            obj = self._decode(raw.value)
+            return self._impression(obj) if raw.kind == "impression" else self._click(obj)
+        except _Reject as rej:
+            return self._dead(raw, rej.reason, rej.detail)
+
+    def impression(self, value: bytes | Mapping[str, Any]) -> Impression | DeadLetter:
+        out = self.validate(RawEvent("impression", value, "direct"))
+        assert not isinstance(out, Click)
+        return out
+
+    def click(self, value: bytes | Mapping[str, Any]) -> Click | DeadLetter:
+        out = self.validate(RawEvent("click", value, "direct"))
+        assert not isinstance(out, Impression)
+        return out
+
+    def dead_letter(self, raw: RawEvent, reason: str, detail: str) -> DeadLetter:
+        """A dead letter decided outside validation (e.g. by the joiner), counted here too."""
+        return self._dead(raw, reason, detail)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _dead(self, raw: RawEvent, reason: str, detail: str) -> DeadLetter:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        value = raw.value
+        if isinstance(value, bytes | bytearray):
+            data = bytes(value[:_RAW_PREFIX])
+        else:
+            try:
+                data = json.dumps(value, default=repr)[:_RAW_PREFIX].encode()
+            except (TypeError, ValueError, RecursionError):
+                data = repr(value)[:_RAW_PREFIX].encode("utf-8", "backslashreplace")
+        return DeadLetter(reason, detail[:300], raw.kind, data, raw.source, raw.partition, raw.offset)
+
+    def _decode(self, value: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
+        if isinstance(value, Mapping):
+            return value
+        if not isinstance(value, bytes | bytearray):
+            raise _Reject("bad_type", f"event payload is {type(value).__name__}, expected bytes")
+        if len(value) > self.cfg.max_event_bytes:
+            raise _Reject("too_large", f"event is {len(value)} bytes, limit {self.cfg.max_event_bytes}")
+        try:
+            text = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Reject("bad_encoding", f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise _Reject("bad_json", f"not JSON: {str(exc)[:120]}") from None
+        if not isinstance(obj, dict):
+            raise _Reject("not_an_object", f"JSON {type(obj).__name__}, expected an object")
+        return obj
+
+    @staticmethod
+    def _check_fields(obj: Mapping[str, Any], allowed: set[str], required: tuple[str, ...]) -> None:
+        for name in required:
+            if name not in obj:
+                raise _Reject("missing_field", f"missing field '{name}'")
+        for name in obj:
+            if name not in allowed:
+                raise _Reject("unknown_field", f"unknown field '{str(name)[:64]}'")
+
+    @staticmethod
+    def _id(obj: Mapping[str, Any], name: str) -> str:
+        value = obj[name]
+        if not isinstance(value, str):
+            raise _Reject("bad_type", f"'{name}' is {type(value).__name__}, expected string")
+        if not _ID.fullmatch(value):
+            raise _Reject("bad_id", f"'{name}' must be 1-128 chars of [A-Za-z0-9_.:-]")
+        return value
+
+    def _ts(self, obj: Mapping[str, Any]) -> int:
+        ts = obj["ts"]
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            raise _Reject("bad_type", f"'ts' is {type(ts).__name__}, expected integer epoch ms")
+        now = self.clock.now_ms()
+        if ts < _MIN_TS or (now and ts < now - self.cfg.max_past_age_s * 1000):
+            raise _Reject("ts_too_old", f"ts {ts} is older than {self.cfg.max_past_age_s:g}s before {now}")
+        if now and ts > now + self.cfg.max_future_skew_s * 1000:
+            raise _Reject("ts_in_future", f"ts {ts} is more than {self.cfg.max_future_skew_s:g}s after {now}")
+        return ts
+
+    def _features(self, obj: Mapping[str, Any]) -> dict[str, str]:
+        raw = obj.get("features", {})
+        if not isinstance(raw, dict):
+            raise _Reject("bad_type", f"'features' is {type(raw).__name__}, expected object")
+        if len(raw) > self.cfg.max_features:
+            raise _Reject("bad_value", f"'features' has {len(raw)} entries, limit {self.cfg.max_features}")
+        out: dict[str, str] = {}
+        for k, v in raw.items():
+            if not _KEY.fullmatch(k):
+                raise _Reject("bad_value", f"feature key {str(k)[:64]!r} must match [A-Za-z0-9_]{{1,64}}")
+            if not isinstance(v, str):
+                raise _Reject("bad_type", f"feature '{k}' is {type(v).__name__}, expected string")
+            if len(v) > self.cfg.max_value_chars:
+                raise _Reject("bad_value", f"feature '{k}' is {len(v)} chars, limit {self.cfg.max_value_chars}")
+            out[k] = self.pseudonymize_device(v) if k in self._pii else v
+        return out
+
+    def _dense(self, obj: Mapping[str, Any]) -> dict[str, float]:
+        raw = obj.get("dense", {})
+        if not isinstance(raw, dict):
+            raise _Reject("bad_type", f"'dense' is {type(raw).__name__}, expected object")
+        if len(raw) > self.cfg.max_features:
+            raise _Reject("bad_value", f"'dense' has {len(raw)} entries, limit {self.cfg.max_features}")
+        out: dict[str, float] = {}
+        for k, v in raw.items():
+            if not _KEY.fullmatch(k):
+                raise _Reject("bad_value", f"dense key {str(k)[:64]!r} must match [A-Za-z0-9_]{{1,64}}")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise _Reject("bad_type", f"dense '{k}' is {type(v).__name__}, expected number")
+            if not math.isfinite(v):
+                raise _Reject("bad_value", f"dense '{k}' is not finite")
+            out[k] = float(v)
+        return out
+
+    def _impression(self, obj: Mapping[str, Any]) -> Impression:
+        self._check_fields(obj, _IMPRESSION_FIELDS, ("impression_id", "ts", "user_id", "item_id"))
+        version = obj.get("model_version")
+        if version is not None and (not isinstance(version, str) or len(version) > 64):
+            raise _Reject("bad_type", "'model_version' must be a string of at most 64 chars or null")
+        return Impression(
+            impression_id=self._id(obj, "impression_id"),
+            ts=self._ts(obj),
+            user_id=self.pseudonymize(self._id(obj, "user_id")),
+            item_id=self._id(obj, "item_id"),
+            features=self._features(obj),
+            dense=self._dense(obj),
+            model_version=version,
+        )
+
+    def _click(self, obj: Mapping[str, Any]) -> Click:
+        self._check_fields(obj, _CLICK_FIELDS, ("click_id", "impression_id", "ts", "user_id"))
+        return Click(
+            click_id=self._id(obj, "click_id"),
+            impression_id=self._id(obj, "impression_id"),
+            ts=self._ts(obj),
+            user_id=self.pseudonymize(self._id(obj, "user_id")),
+        )
+
+
+def kind_of(event: Impression | Click) -> EventKind:
+    return "impression" if isinstance(event, Impression) else "click"
