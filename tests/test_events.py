@@ -1,0 +1,129 @@
+"""Validation: every rejection has a reason, nothing raises, identifiers are pseudonymized."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import ValidationConfig
+from pipeline.events import REASONS, Click, DeadLetter, Impression, LabelledExample, Pseudonymizer, Validator
+from pipeline.types import ManualClock, RawEvent
+
+NOW = 1_767_225_600_000
+GOOD_IMP = {"impression_id": "i-1", "ts": NOW - 1_000, "user_id": "alice", "item_id": "ad:7",
+            "features": {"site": "news", "device_ip": "10.0.0.1"}, "dense": {"bid": 0.5}}
+GOOD_CLICK = {"click_id": "c-1", "impression_id": "i-1", "ts": NOW, "user_id": "alice"}
+
+
+@pytest.fixture
+def v() -> Validator:
+    return Validator(ValidationConfig(), clock=ManualClock(NOW))
+
+
+def test_valid_events_decode_from_dicts_and_bytes(v: Validator) -> None:
+    a = v.impression(GOOD_IMP)
+    b = v.impression(json.dumps(GOOD_IMP).encode())
+    assert isinstance(a, Impression) and a == b
+    assert a.dense == {"bid": 0.5} and a.features["site"] == "news"
+    c = v.click(GOOD_CLICK)
+    assert isinstance(c, Click) and c.user_id == a.user_id  # same pseudonym: the join still works
+
+
+def test_personal_identifiers_are_pseudonymized(v: Validator) -> None:
+    a = v.impression(GOOD_IMP)
+    assert isinstance(a, Impression)
+    assert "alice" not in a.user_id and a.user_id.startswith("u_")
+    assert a.features["device_ip"].startswith("d_") and "10.0.0.1" not in json.dumps(a.to_dict())
+    other = Validator(ValidationConfig(pseudonym_key="another key"), clock=ManualClock(NOW))
+    b = other.impression(GOOD_IMP)
+    assert isinstance(b, Impression) and b.user_id != a.user_id
+
+
+def test_pseudonymizer_refuses_an_empty_key() -> None:
+    with pytest.raises(ValueError, match="CTR_VALIDATION_PSEUDONYM_KEY"):
+        Pseudonymizer("")
+
+
+BAD = [
+    (b"\xff\xfe", "bad_encoding"),
+    (b"{not json", "bad_json"),
+    (b"[1, 2]", "not_an_object"),
+    (b"x" * 70_000, "too_large"),
+    ({**GOOD_IMP, "extra": 1}, "unknown_field"),
+    ({k: v for k, v in GOOD_IMP.items() if k != "user_id"}, "missing_field"),
+    ({**GOOD_IMP, "ts": "yesterday"}, "bad_type"),
+    ({**GOOD_IMP, "ts": True}, "bad_type"),
+    ({**GOOD_IMP, "ts": 12}, "ts_too_old"),
+    ({**GOOD_IMP, "ts": NOW - 30 * 86_400_000}, "ts_too_old"),
+    ({**GOOD_IMP, "ts": NOW + 3_600_000}, "ts_in_future"),
+    ({**GOOD_IMP, "impression_id": ""}, "bad_id"),
+    ({**GOOD_IMP, "impression_id": "a b"}, "bad_id"),
+    ({**GOOD_IMP, "user_id": "x" * 200}, "bad_id"),
+    ({**GOOD_IMP, "item_id": 7}, "bad_type"),
+    ({**GOOD_IMP, "features": {"site": 3}}, "bad_type"),
+    ({**GOOD_IMP, "features": {"bad key": "x"}}, "bad_value"),
+    ({**GOOD_IMP, "features": {"site": "v" * 300}}, "bad_value"),
+    ({**GOOD_IMP, "features": {f"k{i}": "v" for i in range(65)}}, "bad_value"),
+    ({**GOOD_IMP, "features": []}, "bad_type"),
+    ({**GOOD_IMP, "dense": {"bid": "high"}}, "bad_type"),
+    ({**GOOD_IMP, "model_version": 3}, "bad_type"),
+]
+
+
+@pytest.mark.parametrize(("value", "reason"), BAD)
+def test_bad_impressions_become_dead_letters_with_a_reason(v: Validator, value: object, reason: str) -> None:
+    raw = RawEvent("impression", value if isinstance(value, bytes) else json.dumps(value).encode(), "t", 2, 9)
+    out = v.validate(raw)
+    assert isinstance(out, DeadLetter), out
+    assert out.reason == reason and out.reason in REASONS
+    assert (out.source, out.partition, out.offset) == ("t", 2, 9)
+    assert len(out.raw) <= 1_024 and out.detail
+    assert v.rejected == {reason: 1}
+
+
+def test_non_finite_dense_value_from_a_mapping_is_rejected(v: Validator) -> None:
+    out = v.impression({**GOOD_IMP, "dense": {"bid": float("nan")}})
+    assert isinstance(out, DeadLetter) and out.reason == "bad_value"
+
+
+def test_bad_click_is_rejected(v: Validator) -> None:
+    out = v.click({**GOOD_CLICK, "click_id": None})
+    assert isinstance(out, DeadLetter) and out.reason == "bad_type" and out.kind == "click"
+
+
+def test_deep_nesting_is_a_dead_letter_not_a_crash(v: Validator) -> None:
+    out = v.validate(RawEvent("click", b"[" * 50_000 + b"]" * 50_000, "t"))
+    assert isinstance(out, DeadLetter) and out.reason in ("bad_json", "too_large")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes_never_raise(data: bytes) -> None:
+    v = Validator(ValidationConfig(), clock=ManualClock(NOW))
+    out = v.validate(RawEvent("impression", data, "fuzz"))
+    assert isinstance(out, Impression | DeadLetter)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from([*GOOD_IMP, "other"]), json_values, max_size=8))
+def test_arbitrary_objects_are_valid_or_dead_letters_with_known_reasons(obj: dict[str, object]) -> None:
+    v = Validator(ValidationConfig(), clock=ManualClock(NOW))
+    out = v.validate(RawEvent("impression", json.dumps(obj).encode(), "fuzz"))
+    assert isinstance(out, Impression) or out.reason in REASONS
+
+
+def test_labelled_example_json_round_trip(v: Validator) -> None:
+    a = v.impression(GOOD_IMP)
+    assert isinstance(a, Impression)
+    ex = LabelledExample(a, 1, NOW, {"user_ctr_1h": 0.25})
+    assert LabelledExample.from_json(ex.to_json()) == ex
