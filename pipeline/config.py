@@ -68,6 +68,8 @@ class FeatureConfig:
     ctr_prior_clicks: float = 1.0  # smoothed CTR = (clicks + a) / (impressions + a / prior_ctr)
     ctr_prior_rate: float = 0.05  # the prior CTR used for smoothing
     push_every_events: int = 50_000  # micro-batch size of pushes to the Feast store
+    max_lateness_s: int = 3_600  # events this far behind their entity's newest still count exactly
+    ttl_s: int = 2 * 86_400  # Feast feature view ttl (historical joins; online reads ignore it)
     repo_path: str = ""  # Feast repository; empty = the bundled features/repo with a per-run store
     project: str = "ctr"  # Feast project name (each replay gets its own store folder)
 
@@ -97,6 +99,7 @@ class RegistryConfig:
     model_name: str = "ctr-model"
     experiment: str = "ctr-online"
     champion_alias: str = "champion"
+    optimizer_state: bool = False  # also store Adam moments in each version (3x artifact) for exact resume
 
 
 @dataclass
@@ -115,6 +118,17 @@ class SimulatorConfig:
     drift_half_life_s: float = 4 * 3_600.0  # how fast user interests move
     base_ctr: float = 0.06  # rough overall click rate
     start_ms: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    interest_strength: float = 2.0  # logit weight of user interest · item topic (the drifting signal)
+    shift_every_s: float = 1_800.0  # period of abrupt interest shifts; 0 = none
+    shift_fraction: float = 0.1  # share of users whose interests are redrawn at each shift
+    user_zipf: float = 0.8  # exponent of the Zipf-like user activity (0 = uniform)
+    item_zipf: float = 0.8  # exponent of the Zipf-like item exposure (0 = uniform)
+    click_delay_median_s: float = 60.0  # lognormal click delay: median
+    click_delay_sigma: float = 1.55  # lognormal shape; 1.55 puts ~4% of clicks past 15 minutes
+    click_delay_max_s: float = 7_200.0  # delays are capped here (nobody logs clicks hours later)
+    duplicate_rate: float = 0.002  # share of impressions and of clicks delivered twice
+    early_click_rate: float = 0.002  # share of clicks delivered before their impression
+    early_click_max_delay_s: float = 30.0  # only clicks this quick are skewed (impression arrives late)
 
 
 @dataclass

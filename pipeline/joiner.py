@@ -4,9 +4,12 @@ Rules (../shared/DESIGN.md, "Attribution"):
 
 - A click is attributed to its impression when ``click.ts <= impression.ts + window`` (event time;
   a click stamped slightly *before* its impression, i.e. clock skew between log servers, still
-  counts). The positive example is emitted at once, at the click.
-- An impression with no attributed click becomes a negative when the watermark passes the end of
-  its window. Watermark = highest event time seen - ``watermark_lag_s``.
+  counts).
+- Every example is emitted when the watermark passes the end of its impression's window: label 1
+  if a click was attributed, else 0. Watermark = highest event time seen - ``watermark_lag_s``.
+  Emitting positives at once would be fresher by up to one window, but then the newest examples
+  of every block would be mostly positives (their negatives not final yet): a biased training and
+  gating sample. Emitting at window end keeps examples in impression-time order with final labels.
 - A click that arrives before its impression (partition skew) is held for ``early_click_hold_s``
   of event time; if the impression never comes it is counted as an orphan.
 - Duplicates (same impression id, or a second click for one impression) are dropped and counted;
@@ -22,8 +25,12 @@ attributed clicks update the click counters.
 >>> j = Joiner(JoinerConfig(attribution_window_s=60, watermark_lag_s=0))
 >>> j.process(Impression("i1", 1_000, "u", "a"))
 >>> j.process(Click("c1", "i1", 5_000, "u"))
->>> [(e.example_id, e.label) for e in j.drain()]
-[('i1', 1)]
+>>> j.drain()  # the window is still open
+[]
+>>> j.process(Impression("i2", 70_000, "u", "b"))
+>>> j.advance()
+>>> [(e.example_id, e.label, e.label_ts) for e in j.drain()]
+[('i1', 1, 5000)]
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ class Rejection:
 class _Pending:
     impression: Impression
     features: dict[str, float]
-    clicked: bool = False
+    click_ts: int | None = None  # event time of the attributed click, if any
 
 
 @dataclass
@@ -147,7 +154,7 @@ class Joiner:
         if pending is not None:
             self._attribute(pending, click)
         elif iid in self._done:
-            # finalised already: a second click for a positive, or a click after the window closed
+            # finalised already: another click for a positive, or a click after the window closed
             if self._done[iid] < 0:
                 self.stats.duplicate_clicks += 1
             else:
@@ -163,20 +170,22 @@ class Joiner:
         imp = pending.impression
         if click.user_id != imp.user_id:
             self._rejected.append(
-                Rejection(click, "user_mismatch", f"click {click.click_id} user differs from impression "
-                          f"{imp.impression_id}'s")
+                Rejection(
+                    click,
+                    "user_mismatch",
+                    f"click {click.click_id} user differs from impression {imp.impression_id}'s",
+                )
             )
             return
-        if pending.clicked:
+        if pending.click_ts is not None:
             self.stats.duplicate_clicks += 1
             return
         if click.ts > imp.ts + self._window:
             self.stats.late_clicks += 1
             return
-        pending.clicked = True
+        pending.click_ts = click.ts
         if self.features is not None:
             self.features.record_click(imp.user_id, imp.item_id, click.ts)
-        self._emit(pending, 1, click.ts)
 
     # -- time ------------------------------------------------------------------------------------
     def advance(self, watermark: int | None = None) -> None:
@@ -185,9 +194,11 @@ class Joiner:
         heap = self._pending_heap
         while heap and heap[0][0] < wm:
             end, iid = heapq.heappop(heap)
-            pending = self._pending.get(iid)
-            if pending is not None and not pending.clicked:
+            pending = self._pending[iid]
+            if pending.click_ts is None:
                 self._emit(pending, 0, end)
+            else:
+                self._emit(pending, 1, pending.click_ts)
         heap = self._early_heap
         while heap and heap[0][0] < wm:
             _, iid = heapq.heappop(heap)
@@ -235,7 +246,7 @@ class Joiner:
         return {
             "max_ts": self.max_ts,
             "stats": self.stats.as_dict(),
-            "pending": [[p.impression.to_dict(), p.features, p.clicked] for p in self._pending.values()],
+            "pending": [[p.impression.to_dict(), p.features, p.click_ts] for p in self._pending.values()],
             "early": [c.to_dict() for c in self._early.values()],
             "done": self._done,
         }
@@ -246,10 +257,17 @@ class Joiner:
         self.stats = JoinStats(**state["stats"])
         self._pending.clear()
         self._pending_heap.clear()
-        for imp_d, feats, clicked in state["pending"]:
-            imp = Impression(imp_d["impression_id"], imp_d["ts"], imp_d["user_id"], imp_d["item_id"],
-                             imp_d.get("features", {}), imp_d.get("dense", {}), imp_d.get("model_version"))
-            self._pending[imp.impression_id] = _Pending(imp, feats, clicked)
+        for imp_d, feats, click_ts in state["pending"]:
+            imp = Impression(
+                imp_d["impression_id"],
+                imp_d["ts"],
+                imp_d["user_id"],
+                imp_d["item_id"],
+                imp_d.get("features", {}),
+                imp_d.get("dense", {}),
+                imp_d.get("model_version"),
+            )
+            self._pending[imp.impression_id] = _Pending(imp, feats, click_ts)
             self._pending_heap.append((imp.ts + self._window, imp.impression_id))
         heapq.heapify(self._pending_heap)
         self._early = {c["impression_id"]: Click(**c) for c in state["early"]}

@@ -85,7 +85,8 @@ class ManualClock:
 class Source(Protocol):
     """Yields batches of raw events; ``snapshot()`` is where a restart resumes."""
 
-    clock: Clock
+    @property
+    def clock(self) -> Clock: ...
 
     def batches(self) -> Iterator[list[RawEvent]]: ...
 

@@ -30,11 +30,20 @@ def labels(j: Joiner) -> dict[str, int]:
     return {e.example_id: e.label for e in j.drain()}
 
 
-def test_click_within_window_is_positive_at_once() -> None:
+def test_click_within_window_makes_a_positive_at_window_end() -> None:
     j = joiner()
-    j.process_all([imp("i1", 0), click("c1", "i1", 2 * MIN)])
+    j.process_all([imp("i1", 0), click("c1", "i1", 2 * MIN), imp("i2", 15 * MIN)])
+    assert j.drain() == []  # the window is open until 15 min
+    j.process_all([imp("i3", 15 * MIN + 1)])
     out = j.drain()
     assert [(e.example_id, e.label, e.label_ts) for e in out] == [("i1", 1, T0 + 2 * MIN)]
+
+
+def test_examples_come_out_in_impression_time_order() -> None:
+    j = joiner()
+    j.process_all([imp("i1", 0), imp("i2", MIN), click("c2", "i2", 2 * MIN), imp("i3", 3 * MIN)])
+    j.flush()
+    assert [(e.example_id, e.label) for e in j.drain()] == [("i1", 0), ("i2", 1), ("i3", 0)]
 
 
 def test_no_click_becomes_negative_only_after_window_end() -> None:
@@ -66,6 +75,7 @@ def test_late_click_while_still_pending_uses_event_time() -> None:
 def test_click_before_impression_is_held_and_joined() -> None:
     j = joiner()
     j.process_all([click("c1", "i1", 1 * MIN), imp("i1", 0)])
+    j.flush()
     assert labels(j) == {"i1": 1}
     assert j.stats.early_clicks == 1 and j.stats.orphan_clicks == 0
 
@@ -80,8 +90,16 @@ def test_click_whose_impression_never_comes_is_orphaned() -> None:
 
 def test_duplicate_impression_and_clicks_are_dropped() -> None:
     j = joiner()
-    j.process_all([imp("i1", 0), imp("i1", 0), click("c1", "i1", MIN), click("c1", "i1", MIN),
-                   click("c2", "i1", 2 * MIN), imp("i1", 3 * MIN)])
+    j.process_all(
+        [
+            imp("i1", 0),
+            imp("i1", 0),
+            click("c1", "i1", MIN),
+            click("c1", "i1", MIN),
+            click("c2", "i1", 2 * MIN),
+            imp("i1", 3 * MIN),
+        ]
+    )
     j.flush()
     assert [(e.example_id, e.label) for e in j.drain()] == [("i1", 1)]
     assert j.stats.duplicate_impressions == 2
@@ -128,8 +146,11 @@ def test_examples_carry_features_from_before_their_own_impression() -> None:
     j.process_all([imp("i1", 0), click("c1", "i1", MIN), imp("i2", 2 * MIN), imp("i3", 3 * MIN)])
     j.flush()
     feats = {e.example_id: e.stream_features for e in j.drain()}
-    assert feats == {"i1": {"imps": 0, "clicks": 0}, "i2": {"imps": 1, "clicks": 1},
-                     "i3": {"imps": 2, "clicks": 1}}
+    assert feats == {
+        "i1": {"imps": 0, "clicks": 0},
+        "i2": {"imps": 1, "clicks": 1},
+        "i3": {"imps": 2, "clicks": 1},
+    }
 
 
 def _stream() -> list[Impression | Click]:
@@ -166,6 +187,6 @@ def test_checkpoint_and_resume_gives_the_uninterrupted_output(cut: int) -> None:
 
 def test_checkpoint_refuses_undrained_output() -> None:
     j = joiner()
-    j.process_all([imp("i1", 0), click("c1", "i1", MIN)])
+    j.process_all([imp("i1", 0), click("c1", "i1", MIN), imp("i2", 20 * MIN)])
     with pytest.raises(RuntimeError, match="drain"):
         j.to_state()

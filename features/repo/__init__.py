@@ -1,0 +1,1 @@
+"""The Feast repository: definitions and the feature_store.yaml templates of both profiles."""

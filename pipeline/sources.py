@@ -1,0 +1,343 @@
+"""Event sources for replays and the embedded profile: the simulator, JSONL logs and Avazu's CSV.
+
+Every source implements :class:`pipeline.types.Source`: ``batches()`` yields lists of
+:class:`RawEvent` in arrival order, ``snapshot()`` is a JSON-serialisable position of the *next*
+event (take it after the previous batch's output is durable), and a source built with
+``resume=snapshot`` delivers exactly the events that came after it. ``clock`` is a
+:class:`ManualClock` moved to the event time of what has been delivered, so validation and the
+joiner run on event time. Sources never raise on bad input: a line or row they cannot read becomes a
+raw event that :class:`pipeline.events.Validator` turns into a dead letter with a reason.
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import heapq
+import itertools
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.simulator import Simulator
+from pipeline.types import EventKind, ManualClock, RawEvent
+
+__all__ = ["AvazuCsvSource", "JsonlSource", "SimulatorSource", "avazu_hour_to_ms"]
+
+_KINDS = ("impression", "click")
+# A timestamp this far past its batch's median does not move the clock, so one corrupt event (say
+# in microseconds) cannot throw event time years ahead; a day still spans any real batch.
+_MAX_CLOCK_JUMP_MS = 86_400_000
+_Read = Iterator[tuple[RawEvent, int | None, Any]]  # event, its ts, position after it (see _position)
+
+
+class _BatchingSource:
+    """Batching, the event-time clock and snapshots; subclasses only read events in order."""
+
+    name = ""
+
+    def __init__(self, batch_size: int, resume: dict[str, Any] | None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"{type(self).__name__}: batch_size must be >= 1, got {batch_size!r}")
+        if resume is not None and resume.get("source") != self.name:
+            raise ValueError(f"{type(self).__name__}: snapshot is from source {resume.get('source')!r}")
+        self.batch_size = batch_size
+        self.clock = ManualClock(int(resume.get("clock_ms", 0)) if resume else 0)
+        self._pos: dict[str, Any] = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Where a restart resumes: the next event not yet delivered, and the clock so far."""
+        return {"source": self.name, **self._pos, "clock_ms": self.clock.now_ms()}
+
+    def batches(self) -> Iterator[list[RawEvent]]:
+        """Batches of at most ``batch_size`` events, continuing from the last one delivered."""
+        batch: list[RawEvent] = []
+        times: list[int] = []
+        pos: Any = None
+        for event, ts, pos in self._read():
+            batch.append(event)
+            if ts is not None:
+                times.append(ts)
+            if len(batch) >= self.batch_size:
+                self._deliver(times, pos)
+                yield batch
+                batch, times = [], []
+        if batch:
+            self._deliver(times, pos)
+            yield batch
+
+    def _deliver(self, times: list[int], pos: Any) -> None:
+        self._pos = self._position(pos)
+        if times:
+            median = sorted(times)[len(times) // 2]
+            self.clock.advance_to(max(t for t in times if t <= median + _MAX_CLOCK_JUMP_MS))
+
+    def _read(self) -> _Read:
+        raise NotImplementedError
+
+    def _position(self, pos: Any) -> dict[str, Any]:
+        """Snapshot fields from the cheap position ``_read`` yields (built once per batch)."""
+        return {"offset": pos}
+
+
+def _ts_of(value: Any) -> int | None:
+    ts = value.get("ts") if isinstance(value, dict) else None
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+
+
+def _key_of(value: Any) -> bytes | None:
+    user = value.get("user_id") if isinstance(value, dict) else None
+    return user.encode() if isinstance(user, str) else None  # Kafka keys events by user
+
+
+class SimulatorSource(_BatchingSource):
+    """The in-process :class:`Simulator` stream; ``offset`` is the event's arrival sequence number.
+
+    Resuming regenerates the (deterministic) stream and skips to the snapshot's offset.
+    """
+
+    name = "simulator"
+
+    def __init__(
+        self,
+        simulator: Simulator,
+        n_impressions: int,
+        batch_size: int = 5_000,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(batch_size, resume)
+        if resume is not None and resume.get("seed") != simulator.seed:
+            raise ValueError(f"SimulatorSource: snapshot seed {resume.get('seed')!r} != {simulator.seed}")
+        self.simulator, self.n_impressions = simulator, n_impressions
+        self._pos = {"seed": simulator.seed, "offset": int(resume["offset"]) if resume else 0}
+
+    def _read(self) -> _Read:
+        skip = self._pos["offset"]
+        stream = itertools.islice(self.simulator.stream(self.n_impressions), skip, None)
+        for seq, (kind, value) in enumerate(stream, skip):
+            yield RawEvent(kind, value, "simulator", 0, seq, value["user_id"].encode()), value["ts"], seq + 1
+
+    def _position(self, pos: Any) -> dict[str, Any]:
+        return {"seed": self.simulator.seed, "offset": pos}
+
+
+class JsonlSource(_BatchingSource):
+    """Replays JSONL files (one event per line, tagged ``"type"``) in order; resumes by byte offset.
+
+    A tagged line becomes a mapping without its ``"type"``. Any other line stays raw bytes for the
+    validator to judge: kind ``"click"`` if it is an object with a ``click_id``, else
+    ``"impression"``. So a line that is too long, not JSON or wrongly tagged becomes a dead letter
+    with a reason, and an untagged but well-formed event is accepted. ``partition`` is the file's
+    index in ``paths`` and ``offset`` the line number.
+    """
+
+    name = "jsonl"
+
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        batch_size: int = 5_000,
+        resume: dict[str, Any] | None = None,
+        max_line_bytes: int = 65_536,
+    ) -> None:
+        super().__init__(batch_size, resume)
+        self.paths = [Path(p) for p in paths]
+        for p in self.paths:
+            if not p.is_file():
+                raise ValueError(f"JsonlSource: {p} is not a file")
+        self.max_line_bytes = max_line_bytes
+        pos = {"file": 0, "byte": 0, "line": 0}
+        if resume is not None:
+            pos = {k: int(resume[k]) for k in pos}
+            if pos["file"] < len(self.paths) and resume.get("path") != self.paths[pos["file"]].name:
+                raise ValueError(
+                    f"JsonlSource: snapshot is of file {resume.get('path')!r}, "
+                    f"paths[{pos['file']}] is {self.paths[pos['file']]}"
+                )
+        self._pos = self._at(pos["file"], pos["byte"], pos["line"])
+
+    def _at(self, file: int, byte: int, line: int) -> dict[str, Any]:
+        path = self.paths[file].name if file < len(self.paths) else ""
+        return {"file": file, "path": path, "byte": byte, "line": line}
+
+    def _decode(self, line: bytes) -> tuple[EventKind, bytes | dict[str, Any]]:
+        if len(line) > self.max_line_bytes:
+            return "impression", line  # not parsed: the validator says "too_large"
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return "impression", line
+        if not isinstance(obj, dict):
+            return "impression", line
+        kind = obj.get("type")
+        if kind in _KINDS:
+            del obj["type"]
+            return kind, obj
+        return ("click" if "click_id" in obj else "impression"), line  # the validator says why
+
+    def _read(self) -> _Read:
+        start = self._pos
+        for file in range(start["file"], len(self.paths)):
+            path = self.paths[file]
+            byte, line_no = (start["byte"], start["line"]) if file == start["file"] else (0, 0)
+            with open(path, "rb") as f:
+                f.seek(byte)
+                for line in f:
+                    byte += len(line)
+                    line_no += 1
+                    raw = line.rstrip(b"\r\n")
+                    if not raw.strip():
+                        continue  # blank lines are not events
+                    kind, value = self._decode(raw)
+                    event = RawEvent(kind, value, str(path), file, line_no - 1, _key_of(value))
+                    yield event, _ts_of(value), (file, byte, line_no)
+
+    def _position(self, pos: Any) -> dict[str, Any]:
+        return self._at(*pos)
+
+
+def avazu_hour_to_ms(hour: str) -> int:
+    """Epoch ms of the start of an Avazu ``hour`` value (``YYMMDDHH``, UTC).
+
+    >>> avazu_hour_to_ms("14102100")
+    1413849600000
+    """
+    if len(hour) != 8 or not hour.isdigit():
+        raise ValueError(f"avazu_hour_to_ms: {hour!r} is not YYMMDDHH")
+    yy, mm, dd, hh = (int(hour[i : i + 2]) for i in range(0, 8, 2))
+    return calendar.timegm((2000 + yy, mm, dd, hh, 0, 0)) * 1000
+
+
+_AVAZU_NOT_FEATURES = {"id", "click", "hour", "C14"}
+_AVAZU_ANON_DEVICE = "a99f214a"  # the device_id most rows share: the device is unknown
+
+
+class AvazuCsvSource(_BatchingSource):
+    """Avazu ``train.csv`` rows as impressions, plus a click for each ``click == 1`` row.
+
+    Avazu has hour resolution only, so the clock is synthetic: the ``n`` rows of one hour get
+    ``ts = hour start + i * span_s / n`` in file order (``start_ms``, when given, moves the first
+    hour there). A click comes a seeded lognormal delay later (median ``click_delay_median_s``,
+    capped at ``click_delay_max_s``, below the attribution window so labels are kept), and events
+    are delivered in ``ts`` order. ``user_id`` is ``device_id``, or ``device_ip-device_model`` for
+    the anonymous device; ``item_id`` is the ad (``C14``); the other columns are features (the
+    validator pseudonymises ``device_id``/``device_ip``). A malformed row becomes raw bytes for the
+    validator to dead-letter. Rows are buffered one hour at a time; resuming re-reads and skips.
+    """
+
+    name = "avazu_csv"
+
+    def __init__(
+        self,
+        path: str | Path,
+        start_ms: int | None = None,
+        span_s: float = 3_600.0,
+        click_delay_median_s: float = 30.0,
+        click_delay_max_s: float = 600.0,
+        click_delay_sigma: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 5_000,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(batch_size, resume)
+        self.path, self.start_ms, self.span_ms = Path(path), start_ms, int(span_s * 1000)
+        self.delay_median_ms, self.delay_max_ms = click_delay_median_s * 1000, int(click_delay_max_s * 1000)
+        self.delay_sigma, self.seed = click_delay_sigma, seed
+        self._pos = {"offset": int(resume["offset"]) if resume else 0}
+
+    def _read(self) -> _Read:
+        skip, source = self._pos["offset"], f"avazu:{self.path.name}"
+        for seq, (kind, value, ts) in enumerate(itertools.islice(self._events(), skip, None), skip):
+            yield RawEvent(kind, value, source, 0, seq, _key_of(value)), ts, seq + 1
+
+    def _events(self) -> Iterator[tuple[EventKind, bytes | dict[str, Any], int | None]]:
+        rng = np.random.default_rng(self.seed)
+        clicks: list[tuple[int, int, dict[str, Any]]] = []  # heap of (ts, tie-break, click)
+        tie = itertools.count()
+        shift: int | None = None
+        for hour, rows, col in self._hours():
+            if not hour:  # a malformed row, delivered when read: no ts to order it by
+                yield "impression", ",".join(rows[0]).encode(), None
+                continue
+            hour_ms = avazu_hour_to_ms(hour)
+            shift = (0 if self.start_ms is None else self.start_ms - hour_ms) if shift is None else shift
+            for i, row in enumerate(rows):
+                ts = hour_ms + shift + i * self.span_ms // len(rows)
+                while clicks and clicks[0][0] < ts:
+                    c_ts, _, click = heapq.heappop(clicks)
+                    yield "click", click, c_ts
+                imp = self._impression(row, col, ts)
+                yield "impression", imp, ts
+                if row[col["click"]] == "1":
+                    delay = self.delay_median_ms * math.exp(self.delay_sigma * float(rng.standard_normal()))
+                    c_ts = ts + min(max(1, round(delay)), self.delay_max_ms)
+                    iid = imp["impression_id"]
+                    click = {
+                        "click_id": f"clk-{iid}",
+                        "impression_id": iid,
+                        "ts": c_ts,
+                        "user_id": imp["user_id"],
+                    }
+                    heapq.heappush(clicks, (c_ts, next(tie), click))
+        while clicks:
+            c_ts, _, click = heapq.heappop(clicks)
+            yield "click", click, c_ts
+
+    def _hours(self) -> Iterator[tuple[str, list[list[str]], dict[str, int]]]:
+        """``(hour, rows of that hour, column index)``, or ``("", [bad row], ...)`` for a bad row."""
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
+            reader = _rows(csv.reader(f))
+            header = next(reader, None) or []
+            missing = {"id", "click", "hour", "C14", "device_id", "device_ip", "device_model"} - set(header)
+            if missing:
+                raise ValueError(f"AvazuCsvSource: {self.path} lacks columns {sorted(missing)}")
+            col = {name: i for i, name in enumerate(header)}
+            hour, group = "", list[list[str]]()
+            for row in reader:
+                if not _valid_row(row, header, col):
+                    yield "", [row], col
+                    continue
+                if row[col["hour"]] != hour and group:
+                    yield hour, group, col
+                    group = []
+                hour = row[col["hour"]]
+                group.append(row)
+            if group:
+                yield hour, group, col
+
+    @staticmethod
+    def _impression(row: list[str], col: dict[str, int], ts: int) -> dict[str, Any]:
+        device = row[col["device_id"]]
+        user = (
+            device if device != _AVAZU_ANON_DEVICE else f"{row[col['device_ip']]}-{row[col['device_model']]}"
+        )
+        features = {k: row[i] for k, i in col.items() if k not in _AVAZU_NOT_FEATURES}
+        features["hour"] = row[col["hour"]][6:]  # hour of day, as the simulator's feature
+        return {
+            "impression_id": row[col["id"]],
+            "ts": ts,
+            "user_id": user,
+            "item_id": row[col["C14"]],
+            "features": features,
+        }
+
+
+def _rows(reader: Iterator[list[str]]) -> Iterator[list[str]]:
+    """CSV rows; a row the csv module cannot read (e.g. an oversized field) becomes a marker row."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            row = [f"unreadable CSV row: {exc}"]
+        yield row
+
+
+def _valid_row(row: list[str], header: list[str], col: dict[str, int]) -> bool:
+    hour = row[col["hour"]] if len(row) == len(header) else ""
+    return len(hour) == 8 and hour.isdigit() and row[col["click"]] in ("0", "1")

@@ -1,0 +1,190 @@
+"""Sources: one snapshot/resume contract for all of them, JSONL round trips, the Avazu reader."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config import SimulatorConfig, ValidationConfig
+from pipeline.events import Click, DeadLetter, Impression, Validator
+from pipeline.simulator import Simulator, write_jsonl
+from pipeline.sources import AvazuCsvSource, JsonlSource, SimulatorSource, avazu_hour_to_ms
+from pipeline.types import RawEvent, Source
+
+AVAZU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "avazu_first_hour"
+AVAZU = AVAZU_DIR / "avazu_train_first_9999.csv"
+needs_avazu = pytest.mark.skipif(not AVAZU_DIR.is_dir(), reason=f"Avazu sample folder {AVAZU_DIR} is absent")
+SIM_CFG = SimulatorConfig(duplicate_rate=0.01, early_click_rate=0.02)
+Factory = Callable[[dict[str, Any] | None], Any]
+
+
+def val(event: RawEvent) -> dict[str, Any]:
+    assert isinstance(event.value, dict)
+    return event.value
+
+
+def read_all(source: Any) -> list[RawEvent]:
+    return [e for batch in source.batches() for e in batch]
+
+
+def validate_all(events: list[RawEvent], source: Any) -> list[Impression | Click | DeadLetter]:
+    validator = Validator(ValidationConfig(), source.clock)
+    return [validator.validate(e) for e in events]
+
+
+@pytest.fixture(scope="module")
+def sim_jsonl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A simulated stream written as two JSONL files."""
+    rows = list(Simulator(SIM_CFG, 21).stream(6_000))
+    folder = tmp_path_factory.mktemp("jsonl")
+    paths = [folder / "a.jsonl", folder / "b.jsonl"]
+    write_jsonl(rows[:2_500], paths[0])
+    write_jsonl(rows[2_500:], paths[1])
+    return paths
+
+
+def factories(jsonl: list[Path]) -> dict[str, Factory]:
+    sim = Simulator(SIM_CFG, 20)
+    out: dict[str, Factory] = {
+        "simulator": lambda resume: SimulatorSource(sim, 12_000, batch_size=1_700, resume=resume),
+        "jsonl": lambda resume: JsonlSource(jsonl, batch_size=700, resume=resume),
+    }
+    if AVAZU_DIR.is_dir():
+        out["avazu"] = lambda resume: AvazuCsvSource(AVAZU, batch_size=1_500, resume=resume)
+    return out
+
+
+@pytest.mark.parametrize("name", ["simulator", "jsonl", pytest.param("avazu", marks=needs_avazu)])
+@pytest.mark.parametrize("after_batches", [1, 3])
+def test_resume_from_a_snapshot_yields_exactly_the_rest(
+    name: str, after_batches: int, sim_jsonl: list[Path]
+) -> None:
+    make = factories(sim_jsonl)[name]
+    assert isinstance(make(None), Source)
+    whole = make(None)
+    batches = list(whole.batches())
+    assert {len(b) for b in batches[:-1]} == {whole.batch_size} and len(batches) > after_batches
+    full = [e for b in batches for e in b]
+    first = make(None)
+    it = first.batches()
+    head = [e for _ in range(after_batches) for e in next(it)]
+    snap = json.loads(json.dumps(first.snapshot()))  # must survive a trip through a checkpoint file
+    resumed = make(snap)
+    assert resumed.clock.now_ms() == first.clock.now_ms() > 0
+    assert head + read_all(resumed) == full
+    assert resumed.clock.now_ms() == whole.clock.now_ms()
+    assert read_all(make(json.loads(json.dumps(resumed.snapshot())))) == []
+
+
+@pytest.mark.parametrize("name", ["simulator", "jsonl"])
+def test_a_snapshot_of_another_source_is_refused(name: str, sim_jsonl: list[Path]) -> None:
+    with pytest.raises(ValueError, match="snapshot"):
+        factories(sim_jsonl)[name]({"source": "elsewhere", "offset": 0})
+
+
+def test_simulator_source_clock_follows_event_time() -> None:
+    source = SimulatorSource(Simulator(SIM_CFG, 22), 5_000, batch_size=1_000)
+    for batch in source.batches():
+        assert source.clock.now_ms() == max(val(e)["ts"] for e in batch)
+        assert all(e.source == "simulator" and e.key for e in batch)
+
+
+def test_jsonl_round_trip_validates_every_event(sim_jsonl: list[Path]) -> None:
+    source = JsonlSource(sim_jsonl)
+    events = read_all(source)
+    expected = [e for _, e in Simulator(SIM_CFG, 21).stream(6_000)]
+    assert [e.value for e in events] == expected
+    out = validate_all(events, source)
+    assert not [d for d in out if isinstance(d, DeadLetter)]
+    assert [e.kind for e in events] == ["impression" if isinstance(o, Impression) else "click" for o in out]
+    assert {e.partition for e in events} == {0, 1}
+
+
+def test_bad_lines_become_dead_letters_never_exceptions(tmp_path: Path) -> None:
+    good = {"type": "click", "click_id": "c1", "impression_id": "i1", "ts": 1_767_225_600_000, "user_id": "u"}
+    untagged = {k: v for k, v in good.items() if k != "type"}
+    lines = [
+        b"not json at all",
+        b"[1, 2]",
+        json.dumps({**good, "type": "view"}).encode(),
+        b'{"type": "impression", "ts": "yesterday"}',
+        b"\xff\xfe garbage",
+        b"",
+        b'{"type": "impression", "pad": "' + b"x" * 70_000 + b'"}',
+        json.dumps(good).encode(),
+        json.dumps(untagged).encode(),
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    source = JsonlSource([path])
+    events = read_all(source)
+    out = validate_all(events, source)
+    reasons = [o.reason if isinstance(o, DeadLetter) else type(o).__name__ for o in out]
+    assert reasons == [
+        "bad_json", "not_an_object", "unknown_field", "missing_field", "bad_encoding", "too_large",
+        "Click", "Click",
+    ]  # fmt: skip
+    assert [e.offset for e in events] == [0, 1, 2, 3, 4, 6, 7, 8]  # line numbers; blank lines skipped
+
+
+def test_a_corrupt_far_future_ts_does_not_move_the_clock(tmp_path: Path) -> None:
+    ts = 1_767_225_600_000
+    rows = [{"type": "click", "click_id": f"c{i}", "impression_id": f"i{i}", "ts": ts + i, "user_id": "u"}
+            for i in range(5)]  # fmt: skip
+    rows[2]["ts"] = ts * 1000  # microseconds by mistake
+    path = tmp_path / "skewed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = JsonlSource([path])
+    out = validate_all(read_all(source), source)
+    assert source.clock.now_ms() == ts + 4
+    assert [o.reason for o in out if isinstance(o, DeadLetter)] == ["ts_in_future"]
+
+
+def test_avazu_hour_to_ms() -> None:
+    assert avazu_hour_to_ms("14102100") == 1_413_849_600_000
+    assert avazu_hour_to_ms("14102913") - avazu_hour_to_ms("14102100") == (8 * 24 + 13) * 3_600_000
+    with pytest.raises(ValueError, match="YYMMDDHH"):
+        avazu_hour_to_ms("2014-10-21")
+
+
+@needs_avazu
+def test_avazu_sample_gives_9999_impressions_1706_clicks_all_valid() -> None:
+    source = AvazuCsvSource(AVAZU)
+    events = read_all(source)
+    imps = [val(e) for e in events if e.kind == "impression"]
+    clicks = [val(e) for e in events if e.kind == "click"]
+    assert (len(imps), len(clicks)) == (9_999, 1_706)
+    assert not [o for o in validate_all(events, source) if isinstance(o, DeadLetter)]
+    ts = [val(e)["ts"] for e in events]
+    assert ts == sorted(ts) and ts[0] == avazu_hour_to_ms("14102100") and ts[-1] < ts[0] + 3_600_000 + 600_000
+    imp_ts = {i["impression_id"]: i["ts"] for i in imps}
+    assert all(0 < c["ts"] - imp_ts[c["impression_id"]] <= 600_000 for c in clicks)
+    first = imps[0]
+    assert first["user_id"] == "ddd2926e-44956a24" and first["item_id"] == "15706"
+    assert first["features"]["device_ip"] == "ddd2926e" and "C14" not in first["features"]
+
+
+@needs_avazu
+def test_avazu_start_ms_moves_the_hour(tmp_path: Path) -> None:
+    events = read_all(AvazuCsvSource(AVAZU, start_ms=1_767_225_600_000, batch_size=20_000))
+    assert val(events[0])["ts"] == 1_767_225_600_000
+
+
+def test_avazu_malformed_rows_are_dead_letters(tmp_path: Path) -> None:
+    header = "id,click,hour,C1,banner_pos,C14,device_id,device_ip,device_model"
+    path = tmp_path / "tiny.csv"
+    path.write_text(
+        f"{header}\n1,1,14102100,1005,0,15706,abc123,ip1,m1\n2,maybe,14102100,1005,0,1,a,b,c\n3,0,oops\n"
+        "4,0,14102101,1005,0,15707,a99f214a,ip2,m2\n"
+    )
+    source = AvazuCsvSource(path)
+    events = read_all(source)
+    out = validate_all(events, source)
+    kinds = [o.reason if isinstance(o, DeadLetter) else type(o).__name__ for o in out]
+    assert sorted(kinds) == ["Click", "Impression", "Impression", "bad_json", "bad_json"]
+    users = {e.value["user_id"] for e in events if isinstance(e.value, dict)}
+    assert users == {"abc123", "ip2-m2"}
