@@ -98,8 +98,12 @@ class Click:
     user_id: str  # pseudonymized
 
     def to_dict(self) -> dict[str, Any]:
-        return {"click_id": self.click_id, "impression_id": self.impression_id, "ts": self.ts,
-                "user_id": self.user_id}
+        return {
+            "click_id": self.click_id,
+            "impression_id": self.impression_id,
+            "ts": self.ts,
+            "user_id": self.user_id,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,17 +121,29 @@ class LabelledExample:
 
     def to_json(self) -> bytes:
         return json.dumps(
-            {"impression": self.impression.to_dict(), "label": self.label, "label_ts": self.label_ts,
-             "stream_features": self.stream_features},
-            separators=(",", ":"), sort_keys=True,
+            {
+                "impression": self.impression.to_dict(),
+                "label": self.label,
+                "label_ts": self.label_ts,
+                "stream_features": self.stream_features,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
         ).encode()
 
     @staticmethod
     def from_json(data: bytes | str) -> LabelledExample:
         d = json.loads(data)
         i = d["impression"]
-        imp = Impression(i["impression_id"], i["ts"], i["user_id"], i["item_id"], i.get("features", {}),
-                         i.get("dense", {}), i.get("model_version"))
+        imp = Impression(
+            i["impression_id"],
+            i["ts"],
+            i["user_id"],
+            i["item_id"],
+            i.get("features", {}),
+            i.get("dense", {}),
+            i.get("model_version"),
+        )
         return LabelledExample(imp, d["label"], d["label_ts"], d.get("stream_features", {}))
 
 
@@ -145,9 +161,15 @@ class DeadLetter:
 
     def to_json(self) -> bytes:
         return json.dumps(
-            {"reason": self.reason, "detail": self.detail, "kind": self.kind,
-             "raw": self.raw.decode("utf-8", "backslashreplace"), "source": self.source,
-             "partition": self.partition, "offset": self.offset},
+            {
+                "reason": self.reason,
+                "detail": self.detail,
+                "kind": self.kind,
+                "raw": self.raw.decode("utf-8", "backslashreplace"),
+                "source": self.source,
+                "partition": self.partition,
+                "offset": self.offset,
+            },
             separators=(",", ":"),
         ).encode()
 
@@ -296,7 +318,9 @@ class Validator:
             if not isinstance(v, str):
                 raise _Reject("bad_type", f"feature '{k}' is {type(v).__name__}, expected string")
             if len(v) > self.cfg.max_value_chars:
-                raise _Reject("bad_value", f"feature '{k}' is {len(v)} chars, limit {self.cfg.max_value_chars}")
+                raise _Reject(
+                    "bad_value", f"feature '{k}' is {len(v)} chars, limit {self.cfg.max_value_chars}"
+                )
             out[k] = self.pseudonymize_device(v) if k in self._pii else v
         return out
 

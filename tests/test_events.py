@@ -13,8 +13,14 @@ from pipeline.events import REASONS, Click, DeadLetter, Impression, LabelledExam
 from pipeline.types import ManualClock, RawEvent
 
 NOW = 1_767_225_600_000
-GOOD_IMP = {"impression_id": "i-1", "ts": NOW - 1_000, "user_id": "alice", "item_id": "ad:7",
-            "features": {"site": "news", "device_ip": "10.0.0.1"}, "dense": {"bid": 0.5}}
+GOOD_IMP = {
+    "impression_id": "i-1",
+    "ts": NOW - 1_000,
+    "user_id": "alice",
+    "item_id": "ad:7",
+    "features": {"site": "news", "device_ip": "10.0.0.1"},
+    "dense": {"bid": 0.5},
+}
 GOOD_CLICK = {"click_id": "c-1", "impression_id": "i-1", "ts": NOW, "user_id": "alice"}
 
 
