@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "FeatureConfig",
     "JoinerConfig",
+    "KafkaConfig",
     "RegistryConfig",
     "ServingConfig",
     "SimulatorConfig",
@@ -132,6 +133,35 @@ class SimulatorConfig:
 
 
 @dataclass
+class KafkaConfig:
+    bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
+    impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
+    clicks_topic: str = "clicks"  # raw clicks, JSON, keyed by user id
+    examples_topic: str = "examples"  # the joiner's labelled examples
+    dead_letter_topic: str = "dead-letters"  # rejected events with a reason
+    partitions: int = 3  # partitions of the topics ensure_topics creates (same for all: co-partitioning)
+    replication_factor: int = 1  # replicas of the topics ensure_topics creates (3 on a real cluster)
+    group_id_prefix: str = "ctr"  # each daemon's consumer group is "<prefix>-<daemon>"
+    client_id: str = "ctr-online"  # names this client in broker logs and quotas
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512; empty = no SASL
+    sasl_username: str = ""  # SASL user name (with sasl_mechanism)
+    # SASL password. Secret: set it in the environment (CTR_KAFKA_SASL_PASSWORD), never in the file.
+    sasl_password: str = field(default="", repr=False)
+    ssl_cafile: str = ""  # CA bundle that signed the brokers' certificates; empty = the system CAs
+    connect_timeout_ms: int = 10_000  # a client that reaches no broker fails after this
+    request_timeout_ms: int = 30_000  # one broker request fails after this
+    delivery_timeout_ms: int = 120_000  # a produced record not acknowledged within this fails
+    linger_ms: int = 5  # the producer waits this long to fill a batch (throughput vs latency)
+    producer_batch_bytes: int = 262_144  # producer batch size per partition; bigger = faster in Python
+    compression_type: str = ""  # producer compression: gzip | snappy | lz4 | zstd; empty = none
+    poll_timeout_ms: int = 500  # longest one poll waits: the idle-batch period and stop() latency
+    max_poll_records: int = 5_000  # most records in one consumed batch
+    max_poll_interval_ms: int = 600_000  # a consumer that does not poll for this long leaves its group
+    check_crcs: bool = True  # verify record CRCs when consuming (pure Python, slow, without crc32c)
+
+
+@dataclass
 class Config:
     """Everything the pipeline reads. Sections map to the parts of the system."""
 
@@ -142,15 +172,17 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every value, secrets removed (for lineage and logs)."""
         out = dataclasses.asdict(self)
         out["validation"].pop("pseudonym_key", None)
+        out["kafka"].pop("sasl_password", None)
         return out
 
 
-_SECRETS = {("validation", "pseudonym_key")}
+_SECRETS = {("validation", "pseudonym_key"), ("kafka", "sasl_password")}
 
 
 def _cast(section: str, name: str, hint: Any, raw: Any) -> Any:

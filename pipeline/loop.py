@@ -1,0 +1,129 @@
+"""The online-learning loop: source -> validation -> joiner (+ streaming features) -> trainer.
+
+One code path for the embedded demo, backtests and (with other adapters) the daemons: the source,
+the dead-letter sink, the feature writer, the model store and the fleet are injected; the joiner,
+features and trainer logic are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from features.aggregations import StreamingFeatures
+from pipeline.config import Config
+from pipeline.events import DeadLetter, LabelledExample
+from pipeline.joiner import Joiner
+from pipeline.types import RawEvent, Source
+from pipeline.validation_stage import ValidationStage
+from trainers.incremental import BlockReport, IncrementalTrainer
+
+__all__ = ["LoopResult", "OnlineLoop"]
+
+
+class DeadLetterSink(Protocol):
+    def write(self, letter: DeadLetter) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class FeaturePusher(Protocol):
+    def push(self, user_rows: Any, item_rows: Any) -> None: ...
+
+
+class Notifier(Protocol):
+    def notify(self) -> None: ...
+
+
+@dataclass
+class BlockTiming:
+    """When a block's last example reached the trainer, and the version that block produced."""
+
+    report: BlockReport
+    completed_at: float  # wall time the block's last example was handed to the trainer
+
+
+@dataclass
+class LoopResult:
+    events: int = 0
+    dead_letters: int = 0
+    examples: int = 0
+    blocks: list[BlockTiming] = field(default_factory=list)
+    join_stats: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+@dataclass
+class OnlineLoop:
+    """Runs a source to its end (or until stopped), training every ``train_every`` examples."""
+
+    cfg: Config
+    source: Source
+    trainer: IncrementalTrainer
+    dead_letters: DeadLetterSink
+    feature_writer: FeaturePusher | None = None
+    notifier: Notifier | None = None
+    on_block: Callable[[BlockTiming], None] | None = None
+    on_progress: Callable[[int], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.features = StreamingFeatures(self.cfg.features)
+        self.joiner = Joiner(self.cfg.joiner, self.features)
+        self.validate = ValidationStage(self.cfg.validation, self.source.clock, self.dead_letters)
+        self.result = LoopResult()
+        self._since_push = 0
+
+    def run(self, flush_at_end: bool = True) -> LoopResult:
+        start = time.perf_counter()
+        for batch in self.source.batches():
+            self.step(batch)
+        if flush_at_end:
+            self.joiner.flush()
+            self._hand_over(self.joiner.drain())
+        self._push_features()
+        self.dead_letters.flush()
+        self.result.join_stats = self.joiner.stats.as_dict()
+        self.result.wall_s = time.perf_counter() - start
+        return self.result
+
+    def step(self, batch: list[RawEvent]) -> None:
+        """One batch through every stage."""
+        events = self.validate(batch)
+        self.result.events += len(batch)
+        self.result.dead_letters += len(batch) - len(events)
+        for event in events:
+            self.joiner.process(event)
+        self.joiner.advance()
+        for rejection in self.joiner.drain_rejected():
+            self.validate.reject_click(rejection.click, rejection.reason, rejection.detail)
+            self.result.dead_letters += 1
+        self._since_push += len(batch)
+        if self._since_push >= self.cfg.features.push_every_events:
+            self._push_features()
+        self._hand_over(self.joiner.drain())
+        if self.on_progress is not None:
+            self.on_progress(len(batch))
+
+    def _push_features(self) -> None:
+        self._since_push = 0
+        if self.feature_writer is not None:
+            self.feature_writer.push(*self.features.drain_dirty())
+
+    def _hand_over(self, examples: list[LabelledExample]) -> None:
+        if not examples:
+            return
+        self.result.examples += len(examples)
+        position = self.source.snapshot()
+        while examples:
+            # hand over at most one block per call, so each block's clock starts when *it* is full
+            chunk, examples = examples[: self.trainer.needed], examples[self.trainer.needed :]
+            handed_at = time.time()
+            for report in self.trainer.add(chunk, position=position):
+                timing = BlockTiming(report, handed_at)
+                self.result.blocks.append(timing)
+                if report.version is not None and self.notifier is not None:
+                    self.notifier.notify()
+                if self.on_block is not None:
+                    self.on_block(timing)

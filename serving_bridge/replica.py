@@ -1,0 +1,154 @@
+"""A serving replica: watches the ``champion`` alias and hot-swaps to each new version.
+
+Swap protocol (../shared/DESIGN.md, "Hot swap"): the replica resolves the alias, loads the new
+version *beside* the current one, warms it with a dummy request, then swaps one reference. A request
+takes that reference once at its start, so in-flight requests finish on the version they started
+with and the old model is freed when the last of them drops it. A version that fails to load leaves
+the replica on its current version; the failure is counted and retried after a back-off.
+
+The replica learns about a new version by polling the store (``poll_interval_s``) or by
+:meth:`notify` (the trainer's push), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.events import Impression, Pseudonymizer
+
+__all__ = ["LoadedModel", "Replica", "ScoreResult"]
+
+log = logging.getLogger(__name__)
+
+
+class _Store(Protocol):
+    def resolve(self, alias: str) -> str | None: ...
+
+    def load(self, version: str) -> Any: ...
+
+
+class _Features(Protocol):
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]: ...
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    version: str
+    learner: Any
+    loaded_at: float
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    version: str  # the model version that made every probability of this response
+    replica: str
+    probabilities: list[float]
+
+
+@dataclass
+class Replica:
+    """One serving replica (in-process here; a ``ctr serve`` process in production)."""
+
+    name: str
+    store: _Store
+    features: _Features | None
+    pseudonymize: Pseudonymizer
+    alias: str = "champion"
+    poll_interval_s: float = 1.0
+    retry_failed_after_s: float = 30.0
+    swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
+    load_errors: int = 0
+
+    def __post_init__(self) -> None:
+        self._current: LoadedModel | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: dict[str, float] = {}
+        self._lock = threading.Lock()  # one swap at a time (poll thread vs. an explicit check)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Replica:
+        self._thread = threading.Thread(target=self._watch, name=f"replica-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def notify(self) -> None:
+        """Push notification: check the alias now instead of at the next poll."""
+        self._wake.set()
+
+    @property
+    def version(self) -> str | None:
+        current = self._current
+        return current.version if current else None
+
+    @property
+    def ready(self) -> bool:
+        return self._current is not None
+
+    # -- swapping --------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_once()
+            except Exception:  # a registry outage must not kill the watcher; it retries next poll
+                log.exception("replica %s: alias check failed", self.name)
+            self._wake.wait(self.poll_interval_s)
+            self._wake.clear()
+
+    def check_once(self) -> bool:
+        """Resolve the alias and swap if it moved; True if this call swapped."""
+        with self._lock:
+            target = self.store.resolve(self.alias)
+            if target is None or target == self.version:
+                return False
+            failed_at = self._failed.get(target)
+            if failed_at is not None and time.monotonic() - failed_at < self.retry_failed_after_s:
+                return False
+            try:
+                learner = self.store.load(target)
+                self._warm(learner)
+            except Exception:
+                self.load_errors += 1
+                self._failed[target] = time.monotonic()
+                log.exception(
+                    "replica %s: version %s failed to load; staying on %s", self.name, target, self.version
+                )
+                return False
+            self._current = LoadedModel(target, learner, time.time())  # the swap: one reference
+            self.swaps.append((target, time.time()))
+            log.info("replica %s: now serving version %s", self.name, target)
+            return True
+
+    @staticmethod
+    def _warm(learner: Any) -> None:
+        probe = Impression("warmup", 0, "u_warmup", "warmup", {}, {})
+        p = learner.predict_rows([probe], [{}])
+        if len(p) != 1:
+            raise RuntimeError("warm-up request returned the wrong number of scores")
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(
+        self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str], ts_ms: int | None = None
+    ) -> ScoreResult:
+        """Click probability of ``user_id`` for each candidate item, features included."""
+        current = self._current  # taken once: this request finishes on this version
+        if current is None:
+            raise RuntimeError(f"replica {self.name} has no model yet (alias '{self.alias}' unset)")
+        user = self.pseudonymize(user_id)
+        ts = int(time.time() * 1000) if ts_ms is None else ts_ms
+        rows = [Impression("request", ts, user, item, dict(context), {}) for item in item_ids]
+        feats = self.features.get(user, list(item_ids)) if self.features is not None else [{}] * len(rows)
+        probs = current.learner.predict_rows(rows, feats)
+        return ScoreResult(current.version, self.name, [float(p) for p in probs])

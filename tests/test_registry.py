@@ -1,0 +1,133 @@
+"""MlflowModelStore against an embedded MLflow (sqlite + artifact folder in a temp dir)."""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import RegistryConfig, TrainerConfig
+from pipeline.types import ModelStore
+from trainers.incremental import AliasStore, IncrementalTrainer
+from trainers.learner import TorchLearner
+from trainers.registry import MlflowModelStore
+from trainers.testing import synthetic_examples
+
+
+def cfg(**kw: object) -> TrainerConfig:
+    base: dict[str, object] = dict(
+        model="deepfm",
+        hash_buckets=1 << 14,
+        embedding_dim=8,
+        hidden=(16,),
+        batch_size=256,
+        device="cpu",
+        train_every=1_000,
+        holdout_fraction=0.2,
+        gate_tolerance=1.0,
+        seed=5,
+    )
+    base.update(kw)
+    return TrainerConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """Two blocks through the real loop: versions 1 and 2, champion -> 2."""
+    store = MlflowModelStore.embedded(RegistryConfig(), tmp_path_factory.mktemp("mlflow"))
+    trainer = IncrementalTrainer(cfg(), store)
+    data = synthetic_examples(2_000, seed=3)
+    reports = trainer.add(data[:1_000], position={"p0": 1_000}) + trainer.add(
+        data[1_000:], position={"p0": 2_000}
+    )
+    return store, trainer, reports, data
+
+
+def test_publish_registers_versions_with_lineage_tags(published):
+    store, _, reports, data = published
+    assert [r.version for r in reports] == ["1", "2"] and store.versions() == ["1", "2"]
+    tags = store.lineage("1")
+    assert tags["position"] == '{"p0": 1000}' and tags["examples"] == "1000"
+    assert tags["event_time_min"] == str(data[0].impression.ts)
+    assert tags["event_time_max"] == str(data[999].impression.ts)
+    assert tags["parent_version"] == "none" and store.lineage("2")["parent_version"] == "1"
+    assert tags["code_version"] and len(tags["config_hash"]) == 16
+    assert float(tags["metric.holdout.logloss"]) == pytest.approx(reports[0].candidate["logloss"])
+    assert all(isinstance(v, str) for v in tags.values())
+    run = store.client.get_run(store.client.get_model_version(store.name, "1").run_id)
+    assert run.data.params["trainer.model"] == "deepfm"
+    assert run.data.metrics["holdout.logloss"] == pytest.approx(reports[0].candidate["logloss"])
+
+
+def test_alias_resolves_and_moves(published):
+    store, _, _, _ = published
+    assert store.resolve("champion") == "2"
+    assert store.resolve("no-such-alias") is None
+    store.set_alias("rollback-test", "1")
+    assert store.resolve("rollback-test") == "1"
+
+
+def test_load_gives_identical_predictions(published):
+    store, trainer, _, data = published
+    loaded = store.load("2")
+    assert loaded.version == "2"
+    assert np.array_equal(loaded.predict(data[:300]), trainer.champion.predict(data[:300]))
+
+
+def test_pyfunc_load_by_alias(published):
+    store, trainer, _, data = published
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(store.tracking_uri)
+    mlflow.set_registry_uri(store.registry_uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/{store.name}@champion")
+    finally:
+        mlflow.set_tracking_uri(previous[0])
+        mlflow.set_registry_uri(previous[1])
+    rows = [
+        {
+            "user_id": ex.impression.user_id,
+            "item_id": ex.impression.item_id,
+            "features": ex.impression.features,
+            "dense": ex.impression.dense,
+            "stream_features": ex.stream_features,
+        }
+        for ex in data[:50]
+    ]
+    assert np.array_equal(np.asarray(model.predict(rows)), trainer.champion.predict(data[:50]))
+
+
+def test_nan_candidate_is_not_published(published, monkeypatch):
+    store, trainer, _, _ = published
+    learn = TorchLearner.learn
+
+    def poisoned(self: TorchLearner, examples: object) -> float:
+        learn(self, examples)  # type: ignore[arg-type]
+        with torch.no_grad():
+            self.model.bias.fill_(math.nan)
+        return math.nan
+
+    monkeypatch.setattr(TorchLearner, "learn", poisoned)
+    (report,) = trainer.add(synthetic_examples(1_000, seed=4, start_index=2_000))
+    assert not report.decision.accepted and report.version is None
+    assert store.resolve("champion") == "2" and store.versions() == ["1", "2"]
+
+
+def test_optimizer_state_round_trips_through_the_registry(published):
+    store, trainer, _, data = published
+    source = trainer.champion.clone()
+    store.optimizer_state = True
+    try:
+        version = store.publish(source, {"block": "manual"}, {"logloss": 0.5})
+    finally:
+        store.optimizer_state = False
+    loaded = store.load(version)
+    source.learn(data[:500]), loaded.learn(data[:500])  # identical only if the Adam moments came back
+    assert np.array_equal(source.predict(data[:200]), loaded.predict(data[:200]))
+
+
+def test_store_implements_the_protocol(published):
+    assert isinstance(published[0], ModelStore) and isinstance(published[0], AliasStore)

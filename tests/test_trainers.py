@@ -1,0 +1,272 @@
+"""Trainer side: encoder, metrics, gate, a contract suite over every model, the incremental loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import TrainerConfig
+from pipeline.events import Impression
+from pipeline.types import Learner
+from trainers.encoding import MISSING, Encoder, stable_hash
+from trainers.gate import gate
+from trainers.incremental import IncrementalTrainer
+from trainers.learner import TorchLearner
+from trainers.metrics import auc, block_metrics, calibration, logloss, normalized_entropy
+from trainers.models import MODELS
+from trainers.testing import InMemoryModelStore, synthetic_examples
+
+BUCKETS = 1 << 14
+
+
+def small_cfg(model: str = "deepfm", **kw: object) -> TrainerConfig:
+    base: dict[str, object] = dict(
+        model=model,
+        hash_buckets=BUCKETS,
+        embedding_dim=8,
+        hidden=(32, 16),
+        batch_size=256,
+        lr_dense=3e-3,
+        lr_sparse=5e-2,
+        device="cpu",
+        train_every=2_000,
+        holdout_fraction=0.2,
+        seed=3,
+    )
+    base.update(kw)
+    return TrainerConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def train_set():
+    return synthetic_examples(6_000, seed=1)
+
+
+@pytest.fixture(scope="module")
+def test_set():
+    return synthetic_examples(3_000, seed=2)
+
+
+def learner(model: str, rows, **kw: object) -> TorchLearner:
+    return TorchLearner(small_cfg(model, **kw), Encoder(BUCKETS).fit(rows))
+
+
+# -- encoder ---------------------------------------------------------------------------------------
+def test_stable_hash_is_the_same_in_another_process(train_set):
+    enc = Encoder(BUCKETS).fit(train_set[:100])
+    here = enc.encode(train_set[:20]).ids.tolist()
+    code = (
+        "import json; from trainers.encoding import Encoder, stable_hash; "
+        "from trainers.testing import synthetic_examples; "
+        f"e = Encoder.from_spec(json.loads({json.dumps(json.dumps(enc.spec()))})); "
+        "ids = e.encode(synthetic_examples(6000, seed=1)[:20]).ids.tolist(); "
+        "print(json.dumps([stable_hash('site=site3', 1000), ids]))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")  # a different str hash() salt than ours
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    h, ids = json.loads(out.stdout)
+    assert h == stable_hash("site=site3", 1000)
+    assert ids == here
+
+
+def test_encoder_schema_missing_and_unknown_fields():
+    imp = Impression("i", 1, "u1", "a1", {"site": "news", "device": "ios"}, {"price": 2.0})
+    enc = Encoder(BUCKETS).fit([(imp, {"user_ctr_1h": 0.1, "user_impressions_1h": 3.0})])
+    assert enc.fields == ["user_id", "item_id", "device", "site"]
+    assert enc.dense_names == ["price", "user_ctr_1h", "user_impressions_1h"]
+    bare = Impression("j", 2, "u1", "a1", {"site": "news", "brand_new": "x"})  # no device, one unknown
+    batch = enc.encode([(imp, {"user_ctr_1h": 0.1, "user_impressions_1h": 3.0}), (bare, {})])
+    assert batch.ids[1, 2] == stable_hash(f"device={MISSING}", BUCKETS)
+    assert batch.ids[1, 3] == batch.ids[0, 3] == stable_hash("site=news", BUCKETS)
+    assert batch.ids.shape == (2, 4) and (batch.ids < BUCKETS).all()
+    # rates raw, counts log1p, missing 0
+    np.testing.assert_allclose(batch.dense[0], [math.log1p(2.0), 0.1, math.log1p(3.0)], rtol=1e-6)
+    assert batch.dense[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_encoder_spec_round_trip(train_set):
+    enc = Encoder(BUCKETS).fit(train_set[:500])
+    twin = Encoder.from_spec(json.loads(json.dumps(enc.spec())))
+    a, b = enc.encode(train_set[:300]), twin.encode(train_set[:300])
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.dense, b.dense)
+    with pytest.raises(RuntimeError):
+        Encoder(BUCKETS).encode(train_set[:1])
+
+
+# -- metrics and gate ------------------------------------------------------------------------------
+def test_metrics_against_hand_computed_values():
+    y, p = np.array([0, 1, 0, 1]), np.array([0.2, 0.2, 0.1, 0.9])
+    assert auc(y, p) == pytest.approx(3.5 / 4)  # one tied pair counts one half
+    assert math.isnan(auc(np.array([1, 1]), np.array([0.3, 0.4])))
+    y2, p2 = np.array([1, 0]), np.array([0.8, 0.4])
+    ll = -(math.log(0.8) + math.log(0.6)) / 2
+    assert logloss(y2, p2) == pytest.approx(ll)
+    assert normalized_entropy(y2, p2) == pytest.approx(ll / math.log(2))
+    assert calibration(y2, p2) == pytest.approx(0.6 / 0.5)
+    assert logloss(np.array([1]), np.array([0.0])) == pytest.approx(-math.log(1e-7))  # clipped
+    m = block_metrics(np.array([0, 0]), np.array([0.1, 0.2]))
+    assert m["positives"] == 0 and math.isnan(m["auc"]) and math.isnan(m["calibration"])
+
+
+def test_gate_rules():
+    good = {"logloss": 0.30, "auc": 0.7, "count": 10.0, "positives": 3.0}
+    assert gate(good, None, 0.01).accepted
+    assert gate(good, {"logloss": 0.2971}, 0.01).accepted  # 0.30 <= 0.2971 * 1.01
+    assert not gate(good, {"logloss": 0.2900}, 0.01).accepted
+    assert not gate(good | {"logloss": math.nan}, None, 0.01).accepted
+    assert not gate(good | {"train_loss": math.inf}, {"logloss": 1.0}, 0.01).accepted
+    assert not gate(good | {"auc": math.nan}, None, 0.01).accepted  # two classes: nan auc is a defect
+    one_class = {"logloss": 0.1, "auc": math.nan, "ne": math.nan, "count": 5.0, "positives": 0.0}
+    assert gate(one_class, None, 0.01).accepted  # undefined by the data, not a broken model
+
+
+# -- contract suite over every model ---------------------------------------------------------------
+@pytest.fixture(params=sorted(MODELS))
+def model_name(request):
+    return request.param
+
+
+def test_implements_the_learner_protocol(model_name, train_set):
+    assert isinstance(learner(model_name, train_set[:10]), Learner)
+
+
+def test_inputs_not_mutated(model_name, train_set):
+    data = train_set[:1_000]
+    before = [ex.to_json() for ex in data]
+    lrn = learner(model_name, data)
+    lrn.learn(data)
+    lrn.predict(data)
+    assert [ex.to_json() for ex in data] == before
+
+
+def test_same_seed_same_result(model_name, train_set, test_set):
+    a, b = learner(model_name, train_set), learner(model_name, train_set)
+    a.learn(train_set[:2_000]), b.learn(train_set[:2_000])
+    pa = a.predict(test_set)
+    assert np.array_equal(pa, b.predict(test_set))
+    assert np.array_equal(pa, a.predict(test_set))  # scoring twice: bit-identical
+
+
+def test_save_load_round_trip(model_name, train_set, test_set, tmp_path):
+    a = learner(model_name, train_set)
+    a.learn(train_set[:2_000])
+    b = TorchLearner.load(a.save(tmp_path / "m"))
+    assert np.array_equal(a.predict(test_set), b.predict(test_set))
+    a.learn(train_set[2_000:3_000]), b.learn(train_set[2_000:3_000])  # optimizer state round-trips too
+    assert np.array_equal(a.predict(test_set), b.predict(test_set))
+    spec = json.loads((tmp_path / "m" / "spec.json").read_text())
+    assert spec["model"]["type"] == model_name
+
+
+def test_clone_is_independent(model_name, train_set, test_set):
+    a = learner(model_name, train_set)
+    before = a.predict(test_set)
+    b = a.clone()
+    b.learn(train_set[:1_000])
+    assert np.array_equal(a.predict(test_set), before)
+    assert not np.array_equal(b.predict(test_set), before)
+    with pytest.raises(RuntimeError):
+        a.clone(frozen=True).learn(train_set[:10])
+
+
+def test_learning_improves_logloss_on_unseen_data(model_name, train_set, test_set):
+    lrn = learner(model_name, train_set)
+    y = np.array([ex.label for ex in test_set])
+    before = logloss(y, lrn.predict(test_set))
+    for _ in range(2):
+        lrn.learn(train_set)
+    after = block_metrics(y, lrn.predict(test_set))
+    base_rate_entropy = logloss(y, np.full(len(y), y.mean()))
+    assert after["logloss"] < before and after["logloss"] < base_rate_entropy
+    assert after["auc"] > 0.6
+
+
+def test_predict_accepts_rows_pairs_and_new_or_missing_fields(model_name, train_set):
+    lrn = learner(model_name, train_set)
+    imps = [Impression("x", 1, "u_new", "item_new", {"brand_new": "x"}), train_set[0].impression]
+    feats = [{}, train_set[0].stream_features]
+    p = lrn.predict((imps, feats))
+    assert p.shape == (2,) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
+    assert np.array_equal(p, lrn.predict(list(zip(imps, feats, strict=True))))
+    assert np.array_equal(p, lrn.predict_rows(imps, feats))
+
+
+# -- incremental loop ------------------------------------------------------------------------------
+def stream(n: int, seed: int = 11):
+    return synthetic_examples(n, seed=seed)
+
+
+def test_blocks_publish_with_lineage_and_move_the_alias():
+    store = InMemoryModelStore()
+    trainer = IncrementalTrainer(small_cfg("lr", gate_tolerance=1.0), store)
+    data = stream(4_500)
+    reports = trainer.add(data[:2_500], position={"offset": 2_500}) + trainer.add(
+        data[2_500:], position={"offset": 4_500}
+    )
+    assert [r.index for r in reports] == [1, 2] and trainer.pending == 500
+    first, second = reports
+    assert first.static is None and second.static is not None and first.champion is None
+    assert first.version == "1" and second.version == "2" and store.resolve("champion") == "2"
+    assert store.lineages["2"]["parent_version"] == "1" and store.lineages["1"]["parent_version"] == "none"
+    assert store.lineages["1"]["position"] == {"offset": 2_500}
+    assert store.lineages["1"]["examples_after_position"] == 500
+    assert first.event_time_min == data[0].impression.ts and first.examples == 2_000
+    assert store.metrics["2"]["holdout.logloss"] == second.candidate["logloss"]
+    assert trainer.flush() and trainer.pending == 0
+
+
+def test_trainer_is_deterministic_on_cpu():
+    def run():
+        trainer = IncrementalTrainer(small_cfg("deepfm"), None)
+        return [(r.online, r.candidate, r.decision) for r in trainer.add(stream(4_000))]
+
+    assert run() == run()
+
+
+def test_poisoned_candidate_is_refused_and_champion_stays(model_name, monkeypatch):
+    store = InMemoryModelStore()
+    trainer = IncrementalTrainer(small_cfg(model_name), store)
+    data = stream(4_000)
+    (first,) = trainer.add(data[:2_000])
+    champion = trainer.champion
+    assert first.decision.accepted and champion is not None
+    scores = champion.predict(data[2_000:2_100])
+    learn = TorchLearner.learn
+
+    def poisoned(self: TorchLearner, examples: object) -> float:
+        loss = learn(self, examples)  # type: ignore[arg-type]
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.fill_(math.nan)
+        return loss
+
+    monkeypatch.setattr(TorchLearner, "learn", poisoned)
+    (second,) = trainer.add(data[2_000:])
+    assert not second.decision.accepted and "nan" in second.decision.reason
+    assert second.version is None and store.versions() == ["1"] and store.resolve("champion") == "1"
+    assert trainer.champion is champion and np.array_equal(champion.predict(data[2_000:2_100]), scores)
+
+
+def test_trainer_resumes_from_the_store_champion():
+    store = InMemoryModelStore()
+    data = stream(4_000)
+    IncrementalTrainer(small_cfg("lr"), store).add(data[:2_000])
+    resumed = IncrementalTrainer(small_cfg("lr"), store)
+    assert resumed.champion_version == "1" and resumed.has_champion
+    (report,) = resumed.add(data[2_000:])
+    assert report.parent_version == "1" and report.champion is not None
+
+
+def test_report_is_json_able():
+    (report,) = IncrementalTrainer(small_cfg("lr"), None).add(stream(2_000))
+    d = report.to_dict()
+    json.dumps(d)
+    assert {f.name for f in dataclasses.fields(report)} <= set(d)

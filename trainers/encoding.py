@@ -1,0 +1,204 @@
+"""Turn impressions and their point-in-time streaming features into model inputs.
+
+An :class:`Encoder` is fitted once, on the first block, and its schema is then fixed so that every
+later model version reads its inputs the same way (a serving replica and the trainer must agree):
+
+- categorical fields: ``user_id``, ``item_id`` and the sorted ``impression.features`` keys seen in
+  the fitting block. Each value becomes the token ``"field=value"``, hashed with BLAKE2b (stable
+  across processes and machines, unlike Python's salted ``hash()``) into ``[0, hash_buckets)``. A
+  missing field becomes its own ``"field=<missing>"`` token; a field unseen at fit time is ignored.
+- dense inputs: the sorted ``impression.dense`` keys and streaming-feature names of the fitting block.
+  Rates (a name containing ``ctr`` or ``rate``) pass through raw; anything else is treated as a count
+  and compressed with a signed ``log1p``. A missing dense value is 0.
+
+>>> from pipeline.events import Impression
+>>> enc = Encoder(hash_buckets=1 << 10)
+>>> imp = Impression("i1", 1, "u_1", "ad7", {"site": "news"})
+>>> enc.fit([(imp, {"user_ctr_1h": 0.1})]).fields
+['user_id', 'item_id', 'site']
+>>> enc.encode([(imp, {"user_ctr_1h": 0.1})]).ids.shape
+(1, 3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.events import Impression, LabelledExample
+
+__all__ = ["MISSING", "EncodedBatch", "Encoder", "Row", "rows_of", "stable_hash"]
+
+MISSING = "<missing>"
+_SPEC_VERSION = 1
+_CACHE_LIMIT = 2_000_000  # tokens remembered per encoder before the memo is reset (bounds memory)
+
+Row = tuple[Impression, Mapping[str, float]]
+
+
+def stable_hash(token: str, buckets: int) -> int:
+    """The bucket of ``token``: BLAKE2b-64 modulo ``buckets``, identical in every process."""
+    digest = hashlib.blake2b(token.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % buckets
+
+
+def rows_of(examples: Iterable[LabelledExample]) -> list[Row]:
+    """``(impression, stream_features)`` rows of labelled examples."""
+    return [(ex.impression, ex.stream_features) for ex in examples]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """Model inputs for ``n`` rows: hashed ids ``(n, fields)`` int64, dense ``(n, d)`` float32."""
+
+    ids: np.ndarray
+    dense: np.ndarray
+    labels: np.ndarray | None = None  # float32 0/1, present when encoded from labelled examples
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, index: slice | np.ndarray) -> EncodedBatch:
+        labels = None if self.labels is None else self.labels[index]
+        return EncodedBatch(self.ids[index], self.dense[index], labels)
+
+
+def _is_rate(name: str) -> bool:
+    low = name.lower()
+    return "ctr" in low or "rate" in low
+
+
+class Encoder:
+    """Stable hashed categorical ids plus dense inputs; schema fixed by :meth:`fit`."""
+
+    def __init__(self, hash_buckets: int) -> None:
+        if hash_buckets < 2:
+            raise ValueError(f"Encoder: hash_buckets must be >= 2, got {hash_buckets}")
+        self.hash_buckets = hash_buckets
+        self.fields: list[str] = []
+        self.dense_keys: list[str] = []  # from impression.dense
+        self.stream_keys: list[str] = []  # from the streaming features
+        self._fitted = False
+        # field -> value -> bucket. A pure memo of stable_hash: never part of the spec.
+        self._cache: dict[str, dict[str, int]] = {}
+        self._cached = 0
+
+    # -- schema ----------------------------------------------------------------------------------
+    @property
+    def fitted(self) -> bool:
+        return self._fitted
+
+    @property
+    def dense_names(self) -> list[str]:
+        return self.dense_keys + self.stream_keys
+
+    def fit(self, rows: Sequence[Row] | Sequence[LabelledExample]) -> Encoder:
+        """Fix the schema from the field names of ``rows`` (values are not looked at)."""
+        if self._fitted:
+            raise RuntimeError("Encoder.fit: already fitted; the schema is fixed for the model's life")
+        pairs = _as_rows(rows)
+        feats: set[str] = set()
+        dense: set[str] = set()
+        stream: set[str] = set()
+        for imp, sf in pairs:
+            feats.update(imp.features)
+            dense.update(imp.dense)
+            stream.update(sf)
+        # user_id/item_id come first and are not duplicated if a feature reuses the name.
+        self.fields = ["user_id", "item_id", *sorted(feats - {"user_id", "item_id"})]
+        self.dense_keys = sorted(dense)
+        self.stream_keys = sorted(stream)
+        self._fitted = True
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """JSON-serialisable schema; :meth:`from_spec` rebuilds an identical encoder."""
+        self._check_fitted()
+        return {
+            "version": _SPEC_VERSION,
+            "hash": "blake2b64",
+            "hash_buckets": self.hash_buckets,
+            "fields": list(self.fields),
+            "dense_keys": list(self.dense_keys),
+            "stream_keys": list(self.stream_keys),
+        }
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Encoder:
+        if spec.get("version") != _SPEC_VERSION or spec.get("hash") != "blake2b64":
+            raise ValueError(f"Encoder.from_spec: unsupported spec {dict(spec)!r}")
+        enc = cls(int(spec["hash_buckets"]))
+        enc.fields = [str(f) for f in spec["fields"]]
+        enc.dense_keys = [str(k) for k in spec["dense_keys"]]
+        enc.stream_keys = [str(k) for k in spec["stream_keys"]]
+        enc._fitted = True
+        return enc
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Encoder:
+        # Immutable once fitted (the cache is a memo of a pure function): clones share it.
+        return self
+
+    # -- encoding --------------------------------------------------------------------------------
+    def encode(self, rows: Sequence[Row] | Sequence[LabelledExample]) -> EncodedBatch:
+        """Encode rows, or labelled examples (then ``labels`` is filled too)."""
+        self._check_fitted()
+        labels = None
+        if rows and isinstance(rows[0], LabelledExample):
+            labels = np.fromiter((ex.label for ex in rows), dtype=np.float32, count=len(rows))  # type: ignore[union-attr]
+        pairs = _as_rows(rows)
+        n = len(pairs)
+        ids = np.empty((n, len(self.fields)), dtype=np.int64)
+        imps = [imp for imp, _ in pairs]
+        for j, name in enumerate(self.fields):
+            if name == "user_id":
+                col: list[str] = [imp.user_id for imp in imps]
+            elif name == "item_id":
+                col = [imp.item_id for imp in imps]
+            else:
+                col = [imp.features.get(name, MISSING) for imp in imps]
+            ids[:, j] = self._bucket_column(name, col)
+        dense = np.zeros((n, len(self.dense_names)), dtype=np.float32)
+        for j, key in enumerate(self.dense_keys):
+            dense[:, j] = [imp.dense.get(key, 0.0) for imp in imps]
+        offset = len(self.dense_keys)
+        for j, key in enumerate(self.stream_keys):
+            dense[:, offset + j] = [sf.get(key, 0.0) for _, sf in pairs]
+        for j, name in enumerate(self.dense_names):
+            if not _is_rate(name):
+                dense[:, j] = np.sign(dense[:, j]) * np.log1p(np.abs(dense[:, j]))
+        # A non-finite input would poison every weight it touches: zero it (validation should
+        # already have rejected it; stream features come from our own aggregations).
+        np.nan_to_num(dense, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        return EncodedBatch(ids, dense, labels)
+
+    def _bucket_column(self, name: str, col: list[str]) -> list[int]:
+        cache = self._cache.get(name)
+        if cache is None:
+            cache = self._cache[name] = {}
+        out = []
+        get = cache.get
+        for value in col:
+            b = get(value)
+            if b is None:
+                b = stable_hash(f"{name}={value}", self.hash_buckets)
+                cache[value] = b
+                self._cached += 1
+            out.append(b)
+        if self._cached > _CACHE_LIMIT:
+            self._cache.clear()
+            self._cached = 0
+        return out
+
+    def _check_fitted(self) -> None:
+        if not self._fitted:
+            raise RuntimeError("Encoder: call fit() on the first block (or from_spec()) before encoding")
+
+
+def _as_rows(rows: Sequence[Row] | Sequence[LabelledExample]) -> list[Row]:
+    if rows and isinstance(rows[0], LabelledExample):
+        return rows_of(rows)  # type: ignore[arg-type]
+    return list(rows)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""The promotion gate: a candidate replaces the champion only if it is finite and not worse.
+
+Both sides are scored on the same held-out (newest) slice of the block. Every value in the
+candidate's metric dict must be finite, except the metrics a single-class slice leaves undefined
+(:data:`trainers.metrics.UNDEFINED_ON_ONE_CLASS`), which may be nan only when the slice really has
+one class. A champion whose own logloss is not finite is replaced by any finite candidate.
+
+>>> gate({"logloss": 0.30}, None, 0.01)
+GateDecision(accepted=True, reason='no champion; candidate logloss 0.300000 is finite')
+>>> gate({"logloss": 0.31}, {"logloss": 0.30}, 0.01).accepted
+False
+>>> gate({"logloss": float("nan")}, None, 0.01).reason
+"candidate metric 'logloss' is nan"
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainers.metrics import UNDEFINED_ON_ONE_CLASS
+
+__all__ = ["GateDecision", "gate"]
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    accepted: bool
+    reason: str
+
+
+def _one_class(metrics: Mapping[str, float]) -> bool:
+    count, pos = metrics.get("count"), metrics.get("positives")
+    return count is not None and pos is not None and (pos == 0 or pos == count)
+
+
+def _non_finite(metrics: Mapping[str, float]) -> str | None:
+    excused = UNDEFINED_ON_ONE_CLASS if _one_class(metrics) else ()
+    for key, value in metrics.items():
+        try:
+            finite = math.isfinite(float(value))
+        except (TypeError, ValueError):
+            return f"candidate metric {key!r} is not a number: {value!r}"
+        if not finite and key not in excused:
+            return f"candidate metric {key!r} is {value}"
+    return None
+
+
+def gate(
+    candidate: Mapping[str, float], champion: Mapping[str, float] | None, tolerance: float
+) -> GateDecision:
+    """Accept ``candidate`` over ``champion`` (held-out metric dicts with a ``logloss`` key)?
+
+    Refused: any non-finite candidate metric or loss (see module doc), or candidate logloss above
+    ``champion logloss * (1 + tolerance)``. Accepted: no champion (or a non-finite one) and a
+    finite candidate, or a candidate within tolerance.
+    """
+    if "logloss" not in candidate:
+        raise KeyError("gate: candidate metrics have no 'logloss'")
+    bad = _non_finite(candidate)
+    if bad is not None:
+        return GateDecision(False, bad)
+    cand = float(candidate["logloss"])
+    if champion is None:
+        return GateDecision(True, f"no champion; candidate logloss {cand:.6f} is finite")
+    champ = float(champion.get("logloss", math.nan))
+    if not math.isfinite(champ):
+        return GateDecision(True, f"champion logloss is {champ}; candidate logloss {cand:.6f} is finite")
+    limit = champ * (1.0 + tolerance)
+    if cand > limit:
+        return GateDecision(
+            False, f"candidate logloss {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})"
+        )
+    return GateDecision(True, f"candidate logloss {cand:.6f} <= champion {champ:.6f} * (1 + {tolerance:g})")

@@ -1,0 +1,247 @@
+"""The online-learning loop: every ``train_every`` labelled examples, validate, fine-tune, gate, publish.
+
+For each block (examples ordered by impression time, stable):
+
+1. **progressive validation**: the current champion scores the whole block before learning from it
+   (the honest online metric); so does ``static``, a frozen copy of the model after the first
+   block's fine-tune, to show what freshness buys;
+2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
+3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
+4. if accepted, **publish** it with its lineage, move the champion alias, and make it the champion;
+   if refused, the champion stays and the report says why.
+
+Block 1 has no champion: the encoder schema is fitted on the block's field names (never labels),
+the untrained initial model does the progressive scoring, and the gate accepts any finite candidate.
+
+Resuming: with ``resume=True`` the store's champion alias is loaded as the champion. Examples still
+buffered (fewer than a block) are not durable: a caller that wants an exact resume passes, with each
+:meth:`IncrementalTrainer.add`, the source position after those examples and cuts its input so that
+blocks end on a call boundary (:attr:`IncrementalTrainer.needed` says how many more a block wants);
+the lineage then records exactly where the block ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from pipeline.config import TrainerConfig
+from pipeline.events import LabelledExample
+from trainers.encoding import Encoder
+from trainers.gate import GateDecision, gate
+from trainers.learner import TorchLearner
+from trainers.metrics import block_metrics
+
+__all__ = ["AliasStore", "BlockReport", "IncrementalTrainer"]
+
+
+@runtime_checkable
+class AliasStore(Protocol):
+    """A :class:`pipeline.types.ModelStore` that can also move an alias."""
+
+    def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str: ...
+
+    def resolve(self, alias: str) -> str | None: ...
+
+    def load(self, version: str) -> Any: ...
+
+    def set_alias(self, alias: str, version: str) -> None: ...
+
+
+@dataclass
+class BlockReport:
+    """What happened to one block. Metric dicts are :func:`trainers.metrics.block_metrics`."""
+
+    index: int  # 1-based, counted over this trainer's life
+    examples: int
+    positives: int
+    event_time_min: int  # impression ts, epoch ms
+    event_time_max: int
+    online: dict[str, float]  # progressive: the champion on the whole block, before learning it
+    static: dict[str, float] | None  # the frozen block-1 model on the whole block (None in block 1)
+    candidate: dict[str, float]  # the fine-tuned candidate on the holdout (+ train_loss)
+    champion: dict[str, float] | None  # the champion on the holdout; None when there was none
+    decision: GateDecision
+    version: str | None  # the published version if accepted (None if refused or no store)
+    parent_version: str | None  # the champion's version the candidate was fine-tuned from
+    train_loss: float
+    train_seconds: float
+    examples_per_s: float  # training examples per second of train_seconds
+    publish_seconds: float  # 0 when nothing was published
+    position: Any = None  # the caller's source position when the block closed
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for logs and benchmark files)."""
+        return dataclasses.asdict(self)
+
+
+def _metrics_for_store(report: BlockReport) -> dict[str, float]:
+    out: dict[str, float] = {"train_loss": report.train_loss, "train_examples_per_s": report.examples_per_s}
+    groups: dict[str, Mapping[str, float] | None] = {
+        "online": report.online,
+        "static": report.static,
+        "holdout": report.candidate,
+        "holdout_champion": report.champion,
+    }
+    for group, metrics in groups.items():
+        for k, v in (metrics or {}).items():
+            if k != "train_loss":
+                out[f"{group}.{k}"] = float(v)
+    return out
+
+
+class IncrementalTrainer:
+    """Buffers labelled examples and runs one validate/fine-tune/gate/publish step per block."""
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        store: AliasStore | None = None,
+        *,
+        alias: str = "champion",
+        champion: TorchLearner | None = None,
+        resume: bool = True,
+    ) -> None:
+        """``store=None`` trains and gates without publishing (versions stay None).
+
+        ``champion``: start from this learner (treated as an accepted champion); otherwise, with
+        ``resume``, from the version the store's ``alias`` points at, if any.
+        """
+        if not 0.0 < cfg.holdout_fraction < 1.0:
+            raise ValueError(f"TrainerConfig.holdout_fraction must be in (0, 1), got {cfg.holdout_fraction}")
+        if cfg.train_every < 2:
+            raise ValueError(f"TrainerConfig.train_every must be >= 2, got {cfg.train_every}")
+        self.cfg = cfg
+        self.store = store
+        self.alias = alias
+        self.champion: TorchLearner | None = champion
+        if champion is None and store is not None and resume:
+            version = store.resolve(alias)
+            if version is not None:
+                self.champion = store.load(version)
+                self.champion.version = version
+        self.has_champion = self.champion is not None  # an accepted model exists (gate compares)
+        self.static: TorchLearner | None = None
+        self.blocks = 0
+        self._buffer: list[LabelledExample] = []
+        self._position: Any = None
+
+    @property
+    def champion_version(self) -> str | None:
+        return None if self.champion is None else self.champion.version
+
+    @property
+    def pending(self) -> int:
+        """Examples buffered towards the next block."""
+        return len(self._buffer)
+
+    @property
+    def needed(self) -> int:
+        """Examples still needed to close the current block."""
+        return self.cfg.train_every - len(self._buffer)
+
+    def add(self, examples: Sequence[LabelledExample], position: Any = None) -> list[BlockReport]:
+        """Buffer ``examples``; run every block they complete. ``position``: where the source is
+        after these examples (recorded in the lineage of a block closed by this call)."""
+        self._buffer.extend(examples)
+        if position is not None:
+            self._position = position
+        reports = []
+        while len(self._buffer) >= self.cfg.train_every:
+            block = self._buffer[: self.cfg.train_every]
+            del self._buffer[: self.cfg.train_every]
+            reports.append(self._run_block(block))
+        return reports
+
+    def flush(self, min_examples: int = 2) -> list[BlockReport]:
+        """Run the buffered partial block now (end of a replay), if it has ``min_examples`` or more.
+
+        A partial block is handled exactly like a full one, holdout included; under 2 examples there
+        is nothing to hold out, so they stay buffered.
+        """
+        if len(self._buffer) < max(2, min_examples):
+            return []
+        block, self._buffer = self._buffer, []
+        return [self._run_block(block)]
+
+    # -- one block -------------------------------------------------------------------------------
+    def _run_block(self, block: list[LabelledExample]) -> BlockReport:
+        self.blocks += 1
+        block = sorted(block, key=lambda ex: ex.impression.ts)  # stable: newest last, for the holdout
+        if self.champion is None:
+            encoder = Encoder(self.cfg.hash_buckets).fit(block)
+            self.champion = TorchLearner(self.cfg, encoder)  # untrained: block 1's scorer and base
+        champion = self.champion
+        batch = champion.encode(block)
+        assert batch.labels is not None
+        y = batch.labels
+        p_online = champion.predict(batch)
+        online = block_metrics(y, p_online)
+        static = block_metrics(y, self.static.predict(batch)) if self.static is not None else None
+
+        n = len(batch)
+        n_hold = min(n - 1, max(1, round(n * self.cfg.holdout_fraction)))
+        train, hold = batch[: n - n_hold], batch[n - n_hold :]
+        assert hold.labels is not None
+        candidate = champion.clone()
+        start = time.perf_counter()
+        loss = candidate.learn(train)
+        train_s = time.perf_counter() - start
+        cand_metrics = block_metrics(hold.labels, candidate.predict(hold)) | {"train_loss": loss}
+        # The champion's holdout scores are part of its progressive scores: no second pass.
+        champ_metrics = block_metrics(hold.labels, p_online[n - n_hold :]) if self.has_champion else None
+        decision = gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
+        if self.static is None:
+            self.static = (candidate if decision.accepted else champion).clone(frozen=True)
+
+        report = BlockReport(
+            index=self.blocks,
+            examples=n,
+            positives=int(y.sum()),
+            event_time_min=block[0].impression.ts,
+            event_time_max=block[-1].impression.ts,
+            online=online,
+            static=static,
+            candidate=cand_metrics,
+            champion=champ_metrics,
+            decision=decision,
+            version=None,
+            parent_version=champion.version,
+            train_loss=loss,
+            train_seconds=train_s,
+            examples_per_s=len(train) / train_s if train_s > 0 else float("inf"),
+            publish_seconds=0.0,
+            position=self._position,
+        )
+        if decision.accepted:
+            if self.store is not None:
+                start = time.perf_counter()
+                version = self.store.publish(
+                    candidate, self._lineage(report, len(train)), _metrics_for_store(report)
+                )
+                self.store.set_alias(self.alias, version)
+                report.publish_seconds = time.perf_counter() - start
+                report.version = candidate.version = version
+            else:
+                candidate.version = None
+            self.champion, self.has_champion = candidate, True
+        return report
+
+    def _lineage(self, report: BlockReport, n_train: int) -> dict[str, Any]:
+        return {
+            "block": report.index,
+            "position": report.position,
+            "examples_after_position": len(self._buffer),  # received, covered by position, not in this block
+            "event_time_min": report.event_time_min,
+            "event_time_max": report.event_time_max,
+            "examples": report.examples,
+            "positives": report.positives,
+            "train_examples": n_train,
+            "holdout_examples": report.examples - n_train,
+            "parent_version": report.parent_version or "none",
+            "gate_reason": report.decision.reason,
+            "model": self.cfg.model,
+        }

@@ -1,0 +1,283 @@
+"""A torch CTR model that learns blocks of labelled examples and predicts click probabilities.
+
+:class:`TorchLearner` implements :class:`pipeline.types.Learner`. One code path for every device:
+on CUDA the inputs of a block are copied once from pinned memory (non-blocking) and the forward pass
+runs under bf16 autocast; on CPU both are no-ops and training is deterministic for a seed (shuffling
+comes from ``numpy.random.default_rng([seed, blocks_learned])``, initial weights from
+``torch.manual_seed(seed)``, and no op with a random component is used).
+
+The embedding table gets SparseAdam (only rows a batch used are touched, the optimizer state stays
+the table's size but each step costs O(batch)), every other parameter Adam.
+
+A learner saves to a folder: ``weights.pt`` (``torch.save`` of state dicts only, loaded back with
+``weights_only=True``, so loading never unpickles code) and ``spec.json`` (encoder schema, model
+spec, trainer config).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.config import TrainerConfig
+from pipeline.events import Impression, LabelledExample
+from trainers.encoding import EncodedBatch, Encoder, Row
+from trainers.models import build_model, model_spec
+
+__all__ = ["FORMAT", "Examples", "TorchLearner", "config_from_dict", "resolve_device"]
+
+FORMAT = "ctr-online/torch-learner/1"
+_PREDICT_CHUNK = 65_536  # rows per forward pass when scoring: bounds activation memory
+
+# What learn/predict accept: labelled examples, (impression, stream_features) rows, a pair
+# (impressions, stream_features) of equal length, or an already-encoded batch.
+Examples = (
+    Sequence[LabelledExample]
+    | Sequence[Row]
+    | tuple[Sequence[Impression], Sequence[Mapping[str, float]]]
+    | EncodedBatch
+)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` = CUDA when torch sees a GPU, else CPU; ``cpu``/``cuda``/``cuda:N`` as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"TrainerConfig.device={name!r} but torch sees no CUDA device")
+    return dev
+
+
+def config_from_dict(d: Mapping[str, Any]) -> TrainerConfig:
+    """Rebuild a TrainerConfig saved with ``dataclasses.asdict``; unknown keys (newer code) are dropped."""
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    kwargs = {k: v for k, v in d.items() if k in fields}
+    if "hidden" in kwargs:
+        kwargs["hidden"] = tuple(int(h) for h in kwargs["hidden"])
+    return TrainerConfig(**kwargs)
+
+
+def _is_pair(data: Any) -> bool:
+    """``(impressions, stream_features)`` rather than a 2-tuple of rows or examples?"""
+    return (
+        isinstance(data, tuple)
+        and len(data) == 2
+        and isinstance(data[0], Sequence)
+        and isinstance(data[1], Sequence)
+        and all(isinstance(x, Impression) for x in data[0][:1])
+        and all(isinstance(x, Mapping) for x in data[1][:1])
+    )
+
+
+class TorchLearner:
+    """A CTR model (``MODELS[cfg.model]``) with its encoder, optimizers and device."""
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        encoder: Encoder,
+        model: nn.Module | None = None,
+        *,
+        device: str | None = None,
+    ) -> None:
+        if not encoder.fitted:
+            raise ValueError("TorchLearner: the encoder is not fitted; fit it on the first block")
+        self.cfg = cfg
+        self.encoder = encoder
+        self.device = resolve_device(device or cfg.device)
+        self._cuda = self.device.type == "cuda"
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        if model is None:
+            spec = model_spec(
+                cfg.model,
+                n_fields=len(encoder.fields),
+                n_dense=len(encoder.dense_names),
+                hash_buckets=encoder.hash_buckets,
+                embedding_dim=cfg.embedding_dim,
+                hidden=cfg.hidden,
+            )
+            # Seeded init without disturbing the caller's global RNG stream.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                model = build_model(spec)
+        self.model = model.to(self.device)
+        self.blocks_learned = 0  # learn() calls so far; seeds each block's shuffle
+        self.steps = 0  # optimizer steps so far
+        self.version: str | None = None  # the registry version these weights are, if any
+        sparse = [
+            p
+            for m in self.model.modules()
+            if isinstance(m, nn.Embedding) and m.sparse
+            for p in m.parameters()
+        ]
+        ids = {id(p) for p in sparse}
+        dense = [p for p in self.model.parameters() if id(p) not in ids]
+        self._sparse_opt: torch.optim.Optimizer | None = (
+            torch.optim.SparseAdam(sparse, lr=cfg.lr_sparse) if sparse else None
+        )
+        self._dense_opt: torch.optim.Optimizer | None = (
+            torch.optim.Adam(dense, lr=cfg.lr_dense) if dense else None
+        )
+        self.frozen = False
+
+    @property
+    def model_spec(self) -> dict[str, Any]:
+        return dict(self.model.spec)  # type: ignore[arg-type]
+
+    # -- training --------------------------------------------------------------------------------
+    def learn(self, examples: Examples) -> float:
+        """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss."""
+        if self.frozen:
+            raise RuntimeError("TorchLearner.learn: this learner is frozen (a static reference copy)")
+        batch = self.encode(examples)
+        if batch.labels is None:
+            raise ValueError("TorchLearner.learn: examples carry no labels")
+        n = len(batch)
+        if n == 0:
+            return float("nan")
+        ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(batch.labels)
+        rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
+        bs = self.cfg.batch_size
+        total = torch.zeros((), device=self.device)
+        self.model.train()
+        for _ in range(self.cfg.epochs_per_block):
+            perm = torch.from_numpy(rng.permutation(n)).to(self.device)
+            for start in range(0, n, bs):
+                idx = perm[start : start + bs]
+                with self._autocast():
+                    logits = self.model(ids[idx], dense[idx])
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels[idx])
+                for opt in self._optimizers():
+                    opt.zero_grad(set_to_none=True)
+                loss.backward()
+                for opt in self._optimizers():
+                    opt.step()
+                # Accumulate on the device: a .item() per step would sync the GPU every batch.
+                total += loss.detach() * idx.numel()
+                self.steps += 1
+        self.blocks_learned += 1
+        return float(total) / (n * self.cfg.epochs_per_block)
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def predict(self, examples: Examples) -> np.ndarray:
+        """Click probabilities (float64) for examples, rows, ``(impressions, stream_features)`` or a batch."""
+        batch = self.encode(examples)
+        out = []
+        self.model.eval()
+        with torch.inference_mode(), self._autocast():
+            for start in range(0, len(batch), _PREDICT_CHUNK):
+                part = batch[start : start + _PREDICT_CHUNK]
+                logits = self.model(self._put(part.ids), self._put(part.dense))
+                out.append(torch.sigmoid(logits.float()).cpu().numpy())
+        return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+    def predict_rows(
+        self, impressions: Sequence[Impression], stream_features: Sequence[Mapping[str, float]]
+    ) -> np.ndarray:
+        """Serving form: one probability per impression with its point-in-time stream features."""
+        if len(impressions) != len(stream_features):
+            raise ValueError(
+                f"predict_rows: {len(impressions)} impressions but "
+                f"{len(stream_features)} stream feature dicts"
+            )
+        return self.predict(list(zip(impressions, stream_features, strict=True)))
+
+    def encode(self, examples: Examples) -> EncodedBatch:
+        if isinstance(examples, EncodedBatch):
+            return examples
+        if _is_pair(examples):
+            imps, sfs = cast(tuple[Sequence[Impression], Sequence[Mapping[str, float]]], examples)
+            if len(imps) != len(sfs):
+                raise ValueError(f"TorchLearner: {len(imps)} impressions but {len(sfs)} feature dicts")
+            return self.encoder.encode(list(zip(imps, sfs, strict=True)))
+        return self.encoder.encode(examples)  # type: ignore[arg-type]
+
+    # -- copies and persistence ------------------------------------------------------------------
+    def clone(self, *, frozen: bool = False) -> TorchLearner:
+        """Independent deep copy: weights, optimizer moments, counters (the encoder is shared).
+
+        ``frozen=True`` copies the weights only (no table-sized Adam moments): a scoring-only
+        reference such as the static baseline, whose ``learn`` raises.
+        """
+        memo: dict[int, Any] = {}
+        if frozen:  # deepcopy maps anything already in memo to the memo's value: here None
+            memo = {id(o): None for o in self._optimizers()}
+        twin = copy.deepcopy(self, memo)
+        if frozen:
+            twin._sparse_opt = twin._dense_opt = None
+            twin.frozen = True
+        return twin
+
+    def spec(self) -> dict[str, Any]:
+        """JSON-able description: format, encoder schema, model spec, trainer config, counters."""
+        return {
+            "format": FORMAT,
+            "encoder": self.encoder.spec(),
+            "model": self.model_spec,
+            "config": dataclasses.asdict(self.cfg),
+            "blocks_learned": self.blocks_learned,
+            "steps": self.steps,
+            "torch": torch.__version__,
+        }
+
+    def save(self, path: str | Path, *, optimizer: bool = True) -> Path:
+        """Write ``weights.pt`` + ``spec.json`` into folder ``path`` (created); returns it."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"model": self.model.state_dict()}
+        if optimizer and not self.frozen:
+            if self._sparse_opt is not None:
+                state["sparse_opt"] = self._sparse_opt.state_dict()
+            if self._dense_opt is not None:
+                state["dense_opt"] = self._dense_opt.state_dict()
+        torch.save(state, out / "weights.pt")
+        (out / "spec.json").write_text(json.dumps(self.spec(), indent=1, sort_keys=True))
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str | None = None) -> TorchLearner:
+        """Rebuild a learner saved by :meth:`save` (``weights_only=True``: no code is unpickled)."""
+        src = Path(path)
+        spec = json.loads((src / "spec.json").read_text())
+        if spec.get("format") != FORMAT:
+            raise ValueError(
+                f"TorchLearner.load: {src} has format {spec.get('format')!r}, expected {FORMAT!r}"
+            )
+        cfg = config_from_dict(spec["config"])
+        dev = resolve_device(device or cfg.device)
+        state = torch.load(src / "weights.pt", map_location=dev, weights_only=True)
+        # Build on the meta device: no time spent initialising a table about to be overwritten.
+        with torch.device("meta"):
+            model = build_model(spec["model"])
+        model.load_state_dict(state["model"], assign=True)
+        learner = cls(cfg, Encoder.from_spec(spec["encoder"]), model, device=str(dev))
+        learner.blocks_learned = int(spec.get("blocks_learned", 0))
+        learner.steps = int(spec.get("steps", 0))
+        if learner._sparse_opt is not None and "sparse_opt" in state:
+            learner._sparse_opt.load_state_dict(state["sparse_opt"])
+        if learner._dense_opt is not None and "dense_opt" in state:
+            learner._dense_opt.load_state_dict(state["dense_opt"])
+        return learner
+
+    # -- internals -------------------------------------------------------------------------------
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self._sparse_opt, self._dense_opt) if o is not None]
+
+    def _put(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        # Pinned host memory lets the copy overlap with compute; on CPU this is the identity.
+        return t.pin_memory().to(self.device, non_blocking=True) if self._cuda else t
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._cuda)

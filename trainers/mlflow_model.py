@@ -1,0 +1,64 @@
+"""MLflow "models from code" entry point: the pyfunc wrapper of a saved :class:`TorchLearner`.
+
+:class:`trainers.registry.MlflowModelStore` logs THIS FILE as the model's code (MLflow executes it
+at load time; nothing is pickled) with one artifact, ``learner``: the folder written by
+:meth:`TorchLearner.save`. So ``mlflow.pyfunc.load_model("models:/ctr-model@champion")`` works in
+any environment that has the ``ctr-online`` package installed.
+
+Input (the model's signature): a pandas DataFrame or a list of dicts, one row per impression, with
+``user_id``, ``item_id``, ``features`` (str -> str), ``dense`` (str -> float) and
+``stream_features`` (str -> float); the maps may be empty but must be there. Output: a numpy array
+of click probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow.pyfunc import PythonModel
+
+from pipeline.events import Impression
+
+__all__ = ["CtrPyfuncModel", "rows_from_records"]
+
+
+def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression, Mapping[str, float]]]:
+    """``(Impression, stream_features)`` rows from plain records (missing dicts become empty)."""
+    rows: list[tuple[Impression, Mapping[str, float]]] = []
+    for i, r in enumerate(records):
+        imp = Impression(
+            str(r.get("impression_id", i)),
+            0,
+            str(r["user_id"]),
+            str(r["item_id"]),
+            _dict(r.get("features")),
+            _dict(r.get("dense")),
+        )
+        rows.append((imp, _dict(r.get("stream_features"))))
+    return rows
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    # A DataFrame fills a column missing from some rows with NaN, not an empty dict.
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+class CtrPyfuncModel(PythonModel):
+    """Loads the learner folder artifact; predicts click probabilities for impression records."""
+
+    def load_context(self, context: Any) -> None:
+        from trainers.learner import TorchLearner  # imported lazily: MLflow loads this file first
+
+        self.learner = TorchLearner.load(context.artifacts["learner"])
+
+    # MLflow reads this hint: DataFrame = "no schema inference, pass input through as is" (list[...]
+    # hints would make it validate and convert); a list of dicts is accepted as well.
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
+        records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
+        return self.learner.predict(rows_from_records(records))
+
+
+mlflow.models.set_model(CtrPyfuncModel())

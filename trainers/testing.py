@@ -1,0 +1,110 @@
+"""In-process test doubles for the trainer side: a synthetic labelled stream and a model store.
+
+>>> exs = synthetic_examples(4, seed=1)
+>>> len(exs), sorted(exs[0].impression.features)
+(4, ['device', 'site'])
+>>> store = InMemoryModelStore()
+>>> store.resolve("champion") is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.events import Impression, LabelledExample
+
+__all__ = ["InMemoryModelStore", "synthetic_examples"]
+
+_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def synthetic_examples(
+    n: int,
+    seed: int = 0,
+    *,
+    truth_seed: int = 1234,
+    users: int = 300,
+    items: int = 60,
+    start_index: int = 0,
+    bias: float = -2.0,
+) -> list[LabelledExample]:
+    """``n`` examples whose labels follow a fixed logistic truth over user, item, site and a CTR feature.
+
+    The truth (per-value weights) depends only on ``truth_seed``; ``seed`` draws the impressions and
+    labels, so two seeds give disjoint samples of the same distribution (train vs unseen test data).
+    """
+    truth = np.random.default_rng(truth_seed)
+    w_user = truth.normal(0.0, 1.0, users)
+    w_item = truth.normal(0.0, 1.0, items)
+    w_site = truth.normal(0.0, 0.7, 8)
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, users, n)
+    i = rng.integers(0, items, n)
+    s = rng.integers(0, 8, n)
+    d = rng.integers(0, 3, n)
+    ctr = rng.random(n) * 0.2
+    logit = bias + w_user[u] + w_item[i] + w_site[s] + 5.0 * ctr
+    labels = rng.random(n) < 1.0 / (1.0 + np.exp(-logit))
+    out = []
+    for k in range(n):
+        ts = _START_MS + (start_index + k) * 100
+        imp = Impression(
+            f"imp{start_index + k}",
+            ts,
+            f"u_{u[k]}",
+            f"item{i[k]}",
+            {"site": f"site{s[k]}", "device": f"dev{d[k]}"},
+            {"price": float(1 + i[k] % 5)},
+        )
+        out.append(
+            LabelledExample(
+                imp,
+                int(labels[k]),
+                ts + 60_000,
+                {"user_ctr_1h": float(ctr[k]), "user_impressions_1h": float(u[k] % 9)},
+            )
+        )
+    return out
+
+
+class InMemoryModelStore:
+    """A model store in a dict, with aliases and lineage like the real one.
+
+    ``publish`` keeps a full copy (optimizer state too, so a trainer resuming from it can learn).
+    """
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}
+        self.lineages: dict[str, dict[str, Any]] = {}
+        self.metrics: dict[str, dict[str, float]] = {}
+        self.aliases: dict[str, str] = {}
+
+    def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+        version = str(len(self.models) + 1)
+        self.models[version] = model.clone()
+        self.lineages[version] = dict(lineage)
+        self.metrics[version] = dict(metrics)
+        return version
+
+    def set_alias(self, alias: str, version: str) -> None:
+        if version not in self.models:
+            raise KeyError(f"InMemoryModelStore: no version {version!r}")
+        self.aliases[alias] = version
+
+    def resolve(self, alias: str) -> str | None:
+        return self.aliases.get(alias)
+
+    def load(self, version: str) -> Any:
+        model = self.models[version].clone()
+        model.version = version
+        return model
+
+    def versions(self) -> list[str]:
+        return sorted(self.models, key=int)
+
+    def lineage(self, version: str) -> dict[str, Any]:
+        return dict(self.lineages[version])
