@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import warnings
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run the whole loop in one process on the drifting simulator")
     d.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (wiped first)")
-    d.add_argument("--impressions", type=int, default=560_000, help="simulated impressions")
+    d.add_argument("--impressions", type=int, default=650_000, help="simulated impressions")
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FEAST_USAGE", "False")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the block table
+    warnings.filterwarnings("ignore", module=r"(mlflow|feast|sqlalchemy)\b.*")  # third-party notices
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:

@@ -195,6 +195,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
     st = [(r["block"], r["static"]["auc"]) for r in rows if r["static"]]
     if st:
         ax.plot(*zip(*st, strict=True), "s--", label="static (frozen after block 1)")
+    ax.set_xticks(blocks)
     ax.set_xlabel("block")
     ax.set_ylabel("progressive AUC")
     ax.set_title("Progressive validation AUC on the drifting simulator")
