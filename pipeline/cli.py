@@ -12,8 +12,8 @@ import argparse
 import json
 import logging
 import os
-import warnings
 import sys
+import warnings
 from pathlib import Path
 
 from pipeline.config import ConfigError, load_config
