@@ -1,0 +1,146 @@
+"""The joiner's unit of work and of scale-out: one partition number of both input topics.
+
+Impressions and clicks are keyed by user id and both topics have the same partition count, so
+partition ``p`` of ``impressions`` and partition ``p`` of ``clicks`` hold every event of the same
+users. A :class:`PartitionTask` owns that pair: its own :class:`~pipeline.joiner.Joiner`, its own
+:class:`~features.aggregations.StreamingFeatures`, its own watermark, and a checkpoint of its own.
+Two joiner processes in one consumer group therefore compute exactly what one computes: a task
+moves between processes with its checkpoint, never split.
+
+Determinism: the two streams are merged by a two-way merge on event time, taking from a stream only
+while the other has a buffered head (or is idle past ``idle_s``), so the merged order depends on each
+partition's order (which Kafka fixes), not on how fetches interleave. A replay from a checkpoint
+therefore re-emits byte-identical examples, and downstream dedup by example id makes it harmless.
+
+Item statistics are shard-local: a task counts the items its users saw (item key ``<item>@p<p>``),
+and serving reads the item rows of the requesting user's partition, so training and serving read
+the same definition. Users' statistics are complete (a user lives in one partition).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from features.aggregations import StreamingFeatures
+from pipeline.config import Config
+from pipeline.events import Click, Impression, LabelledExample
+from pipeline.joiner import Joiner
+
+__all__ = ["PartitionTask", "ShardedItems", "item_shard_key"]
+
+
+def item_shard_key(item_id: str, partition: int | None) -> str:
+    """The item entity key a shard writes and serving reads (no suffix when unsharded)."""
+    return item_id if partition is None else f"{item_id}@p{partition}"
+
+
+@dataclass
+class ShardedItems:
+    """A feature tracker that keys item statistics by shard (see the module docstring)."""
+
+    inner: StreamingFeatures
+    partition: int | None
+
+    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, float]:
+        return self.inner.lookup(user_id, item_shard_key(item_id, self.partition), ts_ms)
+
+    def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None:
+        self.inner.record_impression(user_id, item_shard_key(item_id, self.partition), ts_ms)
+
+    def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None:
+        self.inner.record_click(user_id, item_shard_key(item_id, self.partition), ts_ms)
+
+
+Event = Impression | Click
+
+
+@dataclass
+class _Stream:
+    buffer: deque[tuple[int, Event]] = field(default_factory=deque)  # (offset, event)
+    next_offset: int = 0  # first offset not yet *processed* (buffered ones are re-read on restart)
+    last_arrival: float = field(default_factory=time.monotonic)
+
+
+class PartitionTask:
+    """Joins one partition's impressions and clicks; checkpoints as one JSON document."""
+
+    def __init__(self, cfg: Config, partition: int, idle_s: float = 2.0) -> None:
+        self.partition = partition
+        self.idle_s = idle_s
+        self.features = StreamingFeatures(cfg.features)
+        self.joiner = Joiner(cfg.joiner, ShardedItems(self.features, partition))
+        self.streams = {"impression": _Stream(), "click": _Stream()}
+
+    # -- input -----------------------------------------------------------------------------------
+    def offer(self, kind: str, offset: int, event: Event | None) -> None:
+        """Queue a validated event (or ``None`` for a dead-lettered one, which only moves offsets)."""
+        s = self.streams[kind]
+        s.last_arrival = time.monotonic()
+        if event is None:
+            if not s.buffer:
+                s.next_offset = offset + 1
+            else:
+                s.buffer.append((offset, _SKIP))
+            return
+        s.buffer.append((offset, event))
+
+    def run(self, now: float | None = None) -> None:
+        """Merge and process what can be processed deterministically; then advance the watermark."""
+        now = time.monotonic() if now is None else now
+        imps, clicks = self.streams["impression"], self.streams["click"]
+        while imps.buffer or clicks.buffer:
+            if imps.buffer and clicks.buffer:
+                take = imps if _ts(imps.buffer[0][1]) <= _ts(clicks.buffer[0][1]) else clicks
+            elif imps.buffer and now - clicks.last_arrival >= self.idle_s:
+                take = imps
+            elif clicks.buffer and now - imps.last_arrival >= self.idle_s:
+                take = clicks
+            else:
+                break  # wait for the other stream: taking now would depend on fetch timing
+            offset, event = take.buffer.popleft()
+            take.next_offset = offset + 1
+            if event is not _SKIP:
+                self.joiner.process(event)  # type: ignore[arg-type]
+        self.joiner.advance()
+
+    def drain(self) -> list[LabelledExample]:
+        return self.joiner.drain()
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(s.buffer) for s in self.streams.values())
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """Joiner + features state and, per stream, the first offset not yet processed."""
+        return {
+            "partition": self.partition,
+            "joiner": self.joiner.to_state(),
+            "features": self.features.to_state(),
+            "next_offsets": {k: s.next_offset for k, s in self.streams.items()},
+        }
+
+    def load_state(self, state: dict[str, Any], cfg: Config) -> None:
+        if state["partition"] != self.partition:
+            raise ValueError(
+                f"checkpoint of partition {state['partition']} loaded into task {self.partition}"
+            )
+        self.features = StreamingFeatures.from_state(state["features"], cfg.features)
+        self.joiner = Joiner(cfg.joiner, ShardedItems(self.features, self.partition))
+        self.joiner.load_state(state["joiner"])
+        for kind, offset in state["next_offsets"].items():
+            self.streams[kind] = _Stream(next_offset=offset)
+
+
+class _Skip:
+    ts = -1
+
+
+_SKIP: Any = _Skip()
+
+
+def _ts(event: Any) -> int:
+    return int(event.ts)
