@@ -103,7 +103,7 @@ class PartitionTask:
             offset, event = take.buffer.popleft()
             take.next_offset = offset + 1
             if event is not _SKIP:
-                self.joiner.process(event)  # type: ignore[arg-type]
+                self.joiner.process(event)
         self.joiner.advance()
 
     def drain(self) -> list[LabelledExample]:

@@ -129,6 +129,23 @@ def kafka_group(request: pytest.FixtureRequest, kafka_admin) -> Iterator[str]:
         print(f"warning: could not delete consumer group {group}: {e!r}")
 
 
+@pytest.fixture
+def kafka_cfg(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> object:
+    """A KafkaConfig on the test broker whose four topics are fresh uuid topics (3 partitions each,
+    1 for dead letters), with short poll and connect timeouts."""
+    from pipeline.config import KafkaConfig
+
+    return KafkaConfig(
+        bootstrap_servers=kafka_bootstrap,
+        impressions_topic=kafka_topic(partitions=3),
+        clicks_topic=kafka_topic(partitions=3),
+        examples_topic=kafka_topic(partitions=3),
+        dead_letter_topic=kafka_topic(partitions=1),
+        poll_timeout_ms=200,
+        connect_timeout_ms=5_000,
+    )
+
+
 # ------------------------------------------------------------------------------------------- Redis
 @dataclass
 class RedisNamespace:
