@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipeline.events import Impression, Pseudonymizer
+from pipeline.partition_task import item_shard_key
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 
@@ -61,6 +62,7 @@ class Replica:
     alias: str = "champion"
     poll_interval_s: float = 1.0
     retry_failed_after_s: float = 30.0
+    shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
     load_errors: int = 0
 
@@ -149,6 +151,10 @@ class Replica:
         user = self.pseudonymize(user_id)
         ts = int(time.time() * 1000) if ts_ms is None else ts_ms
         rows = [Impression("request", ts, user, item, dict(context), {}) for item in item_ids]
-        feats = self.features.get(user, list(item_ids)) if self.features is not None else [{}] * len(rows)
+        if self.features is None:
+            feats: list[dict[str, float]] = [{}] * len(rows)
+        else:  # item statistics are per joiner shard: read the requesting user's shard
+            shard = self.shard_of(user_id) if self.shard_of is not None else None
+            feats = self.features.get(user, [item_shard_key(i, shard) for i in item_ids])
         probs = current.learner.predict_rows(rows, feats)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])

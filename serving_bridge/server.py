@@ -1,0 +1,147 @@
+"""`ctr serve`: one replica as an HTTP process (production profile).
+
+Minimal JSON API (the full scoring API with OpenAPI, metrics and A/B comes with the serving issue):
+
+- ``GET /healthz`` 200 while the process runs;
+- ``GET /readyz`` 200 once a model is loaded, else 503;
+- ``GET /version`` the version this replica serves;
+- ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str]}`` ->
+  ``{"version", "replica", "probabilities"}``; bad input gets 400 with a message.
+
+The replica watches the ``champion`` alias by polling MLflow and by a Redis pub/sub message the
+trainer publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kafka.partitioner.default import murmur2
+
+from serving_bridge.replica import Replica
+
+__all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "kafka_partition", "listen_for_swaps"]
+
+log = logging.getLogger(__name__)
+NOTIFY_CHANNEL = "ctr:champion-moved"
+
+
+def kafka_partition(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives ``key`` (to find a user's joiner shard)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def listen_for_swaps(redis_url: str, replica: Replica, stop: threading.Event) -> threading.Thread:
+    """Wake ``replica`` whenever the trainer announces an alias move on Redis."""
+    import redis
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(NOTIFY_CHANNEL)
+                while not stop.is_set():
+                    if pubsub.get_message(timeout=0.5) is not None:
+                        replica.notify()
+            except Exception:  # Redis away: polling still works; retry the subscription
+                log.warning("swap notifications unavailable; relying on polling", exc_info=True)
+                stop.wait(2.0)
+
+    thread = threading.Thread(target=run, name="swap-notify", daemon=True)
+    thread.start()
+    return thread
+
+
+class ReplicaServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, replica: Replica, max_candidates: int) -> None:
+        super().__init__((host, port), _Handler)
+        self.replica = replica
+        self.max_candidates = max_candidates
+
+    def serve_until_signal(self) -> None:
+        """Serve until SIGTERM/SIGINT; in-flight requests finish before the process exits."""
+
+        def stop(*_: Any) -> None:
+            threading.Thread(target=self.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.serve_forever(poll_interval=0.2)
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ReplicaServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        replica = self.server.replica
+        if self.path == "/healthz":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/readyz":
+            ready = replica.ready
+            self._send(200 if ready else 503, {"ready": ready, "version": replica.version})
+        elif self.path == "/version":
+            self._send(200, {"version": replica.version, "replica": replica.name})
+        else:
+            self._send(404, {"error": f"no route {self.path}; try /score, /version, /readyz"})
+
+    def do_POST(self) -> None:
+        if self.path != "/score":
+            self._send(404, {"error": f"no route {self.path}; POST /score"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            if length > 1_000_000:
+                raise ValueError("request body over 1 MB")
+            req = json.loads(self.rfile.read(length) or b"null")
+            user, context, items = _parse(req, self.server.max_candidates)
+        except (ValueError, TypeError) as exc:
+            self._send(400, {"error": str(exc)})
+            return
+        replica = self.server.replica
+        if not replica.ready:
+            self.send_response(HTTPStatus.SERVICE_UNAVAILABLE)
+            self.send_header("Retry-After", "1")
+            self.end_headers()
+            return
+        result = replica.score(user, context, items)
+        self._send(
+            200, {"version": result.version, "replica": result.replica, "probabilities": result.probabilities}
+        )
+
+
+def _parse(req: Any, max_candidates: int) -> tuple[str, dict[str, str], list[str]]:
+    if not isinstance(req, dict):
+        raise ValueError("body must be a JSON object with user_id, context and items")
+    unknown = set(req) - {"user_id", "context", "items"}
+    if unknown:
+        raise ValueError(f"unknown fields: {sorted(unknown)}")
+    user, context, items = req.get("user_id"), req.get("context", {}), req.get("items")
+    if not isinstance(user, str) or not user:
+        raise ValueError("user_id must be a non-empty string")
+    if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
+        raise ValueError("context must be an object of string values")
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise ValueError("items must be a non-empty list of strings")
+    if len(items) > max_candidates:
+        raise ValueError(f"{len(items)} items; at most {max_candidates} per request")
+    return user, context, items
