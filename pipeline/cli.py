@@ -44,6 +44,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=Path("runs/replay"))
     r.add_argument("--train-every", type=int)
 
+    r.add_argument("--to-kafka", action="store_true", help="publish the file to the Kafka topics")
+    r.add_argument("--rate", type=float, help="with --to-kafka: events per second (default: max)")
+
+    pr = sub.add_parser("produce", help="publish a simulated stream to Kafka")
+    pr.add_argument("--impressions", type=int, default=100_000)
+    pr.add_argument("--seed", type=int, default=7)
+    pr.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+
+    for name, what in (("joiner", "impressions + clicks -> examples"), ("trainer", "examples -> versions")):
+        dp = sub.add_parser(name, help=f"daemon: {what}")
+        dp.add_argument("--exit-when-idle", type=float, metavar="S", help="stop after S s without input")
+
+    sv = sub.add_parser("serve", help="daemon: one scoring replica")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--name", help="replica name (default: serve-<port>)")
+
     sub.add_parser("config", help="print the effective configuration as JSON")
     return p
 
@@ -81,10 +98,39 @@ def main(argv: list[str] | None = None) -> int:
 
         run_demo(cfg, args.out, args.impressions, args.seed)
         return 0
+    if args.command == "replay" and args.to_kafka:
+        from pipeline.kafka_io import replay_file_to_kafka
+
+        print(json.dumps(replay_file_to_kafka(cfg.kafka, args.source, rate=args.rate)))
+        return 0
     if args.command == "replay":
         from pipeline.runner import run_replay
 
         run_replay(cfg, args.source, args.format, args.out)
+        return 0
+    if args.command == "produce":
+        from pipeline.kafka_io import ensure_topics, publish_stream
+        from pipeline.simulator import Simulator
+
+        k = cfg.kafka
+        ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
+        counts = publish_stream(k, Simulator(cfg.simulator, args.seed).stream(args.impressions), args.rate)
+        print(json.dumps(counts))
+        return 0
+    if args.command == "joiner":
+        from pipeline.joiner_daemon import JoinerDaemon
+
+        print(json.dumps(JoinerDaemon(cfg).run(max_idle_s=args.exit_when_idle)))
+        return 0
+    if args.command == "trainer":
+        from pipeline.trainer_daemon import TrainerDaemon
+
+        print(json.dumps(TrainerDaemon(cfg).run(max_idle_s=args.exit_when_idle)))
+        return 0
+    if args.command == "serve":
+        from serving_bridge.process import run_replica
+
+        run_replica(cfg, args.host, args.port, args.name or f"serve-{args.port}")
         return 0
     return 2  # pragma: no cover - argparse enforces the choices
 

@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "Config",
     "ConfigError",
+    "DaemonConfig",
     "FeatureConfig",
     "JoinerConfig",
     "KafkaConfig",
@@ -77,12 +78,12 @@ class FeatureConfig:
 
 @dataclass
 class TrainerConfig:
-    model: str = "deepfm"  # deepfm | lr
+    model: str = "deepfm"  # deepfm | dcnv2 | lr
     train_every: int = 100_000  # labelled examples per block
     batch_size: int = 2_048  # examples per optimizer step
     hash_buckets: int = 1 << 20  # rows of the hashed embedding table
     embedding_dim: int = 16
-    hidden: tuple[int, ...] = (128, 64)  # DeepFM's MLP layers
+    hidden: tuple[int, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2
     lr_dense: float = 1e-3  # Adam on the dense parameters
     lr_sparse: float = 1e-2  # SparseAdam on the embedding rows
     epochs_per_block: int = 1
@@ -162,6 +163,14 @@ class KafkaConfig:
 
 
 @dataclass
+class DaemonConfig:
+    state_dir: str = "~/.cache/ctr-online/state/daemons"  # checkpoints of the joiner and the trainer
+    checkpoint_every_s: float = 5.0  # the joiner makes its output durable and commits this often
+    idle_merge_s: float = 2.0  # a partition's stream silent this long stops holding back the other
+    redis_url: str = "redis://127.0.0.1:16379/0"  # Feast online store and swap notifications
+
+
+@dataclass
 class Config:
     """Everything the pipeline reads. Sections map to the parts of the system."""
 
@@ -172,6 +181,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
     def to_dict(self) -> dict[str, Any]:

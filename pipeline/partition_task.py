@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ Event = Impression | Click
 class _Stream:
     buffer: deque[tuple[int, Event]] = field(default_factory=deque)  # (offset, event)
     next_offset: int = 0  # first offset not yet *processed* (buffered ones are re-read on restart)
+    offered_upto: int = 0  # offsets below this were offered already: a replay of them is dropped
     last_arrival: float = field(default_factory=time.monotonic)
 
 
@@ -76,27 +78,40 @@ class PartitionTask:
 
     # -- input -----------------------------------------------------------------------------------
     def offer(self, kind: str, offset: int, event: Event | None) -> None:
-        """Queue a validated event (or ``None`` for a dead-lettered one, which only moves offsets)."""
-        s = self.streams[kind]
-        s.last_arrival = time.monotonic()
-        if event is None:
-            if not s.buffer:
-                s.next_offset = offset + 1
-            else:
-                s.buffer.append((offset, _SKIP))
-            return
-        s.buffer.append((offset, event))
+        """Queue a validated event (or ``None`` for a dead-lettered one, which only moves offsets).
 
-    def run(self, now: float | None = None) -> None:
-        """Merge and process what can be processed deterministically; then advance the watermark."""
+        An offset offered before (a consumer rewound after a rebalance) is dropped, so the task
+        never processes an event twice.
+        """
+        s = self.streams[kind]
+        if offset < s.offered_upto:
+            return
+        s.offered_upto = offset + 1
+        s.last_arrival = time.monotonic()
+        if not s.buffer:
+            s.next_offset = offset  # everything before it is processed (or never existed)
+        s.buffer.append((offset, _SKIP if event is None else event))
+
+    def run(self, now: float | None = None, at_end: Callable[[str], bool] | None = None) -> None:
+        """Merge and process what can be processed deterministically; then advance the watermark.
+
+        One stream may run ahead alone only when the other is *idle*: silent for ``idle_s`` and,
+        if ``at_end`` is given, read up to the end of its partition (a backlog the consumer has not
+        fetched yet is not idleness; waiting for it keeps replays identical).
+        """
         now = time.monotonic() if now is None else now
         imps, clicks = self.streams["impression"], self.streams["click"]
+
+        def idle(kind: str) -> bool:
+            s = self.streams[kind]
+            return now - s.last_arrival >= self.idle_s and (at_end is None or at_end(kind))
+
         while imps.buffer or clicks.buffer:
             if imps.buffer and clicks.buffer:
                 take = imps if _ts(imps.buffer[0][1]) <= _ts(clicks.buffer[0][1]) else clicks
-            elif imps.buffer and now - clicks.last_arrival >= self.idle_s:
+            elif imps.buffer and idle("click"):
                 take = imps
-            elif clicks.buffer and now - imps.last_arrival >= self.idle_s:
+            elif clicks.buffer and idle("impression"):
                 take = clicks
             else:
                 break  # wait for the other stream: taking now would depend on fetch timing
@@ -132,7 +147,7 @@ class PartitionTask:
         self.joiner = Joiner(cfg.joiner, ShardedItems(self.features, self.partition))
         self.joiner.load_state(state["joiner"])
         for kind, offset in state["next_offsets"].items():
-            self.streams[kind] = _Stream(next_offset=offset)
+            self.streams[kind] = _Stream(next_offset=offset, offered_upto=offset)
 
 
 class _Skip:

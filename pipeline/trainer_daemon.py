@@ -1,0 +1,233 @@
+"""`ctr trainer`: labelled examples from Kafka -> a fine-tuned model every N -> MLflow versions.
+
+Exactly-once effect:
+
+- each example's ``topic:partition`` offset is tracked; a block closes on an exact position, and
+  that position, the champion (weights *and* optimizer state) and the ids seen so far (dedup of the
+  joiner's replays) are checkpointed together, then the offsets are committed;
+- a block that passes the gate is checkpointed as *pending* **before** it is registered, and the
+  registration is idempotent (a version whose lineage key matches is reused), so a crash between
+  the two (or an MLflow server that is down) ends in exactly one version once it is back;
+- on restart the trainer seeks to the checkpoint's offsets and re-reads what came after it.
+
+After moving the alias, the trainer announces it on Redis so replicas swap without waiting for
+their next poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.checkpoints import read_json, replace_dir, write_json
+from pipeline.config import Config
+from pipeline.kafka_io import KafkaExampleSource, KafkaSink, ensure_topics
+from serving_bridge.server import NOTIFY_CHANNEL
+from trainers.incremental import IncrementalTrainer
+from trainers.learner import TorchLearner
+from trainers.registry import MlflowModelStore
+
+__all__ = ["IdempotentStore", "TrainerDaemon", "lineage_key"]
+
+log = logging.getLogger(__name__)
+
+
+def lineage_key(lineage: Mapping[str, Any]) -> str:
+    """What makes a version unique: its parent and the exact input it learned from."""
+    basis = json.dumps([lineage.get("parent_version"), lineage.get("position")], sort_keys=True)
+    return hashlib.sha256(basis.encode()).hexdigest()[:24]
+
+
+class IdempotentStore:
+    """Wraps the MLflow store: checkpoint first, then register at most once per lineage key."""
+
+    def __init__(self, inner: MlflowModelStore, daemon: TrainerDaemon) -> None:
+        self.inner, self.daemon = inner, daemon
+
+    def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+        key = lineage_key(lineage)
+        self.daemon.save_pending(model, dict(lineage), dict(metrics), key)
+        return self.register(model, {**lineage, "lineage_key": key}, metrics)
+
+    def register(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+        found = self.find(str(lineage["lineage_key"]))
+        if found is not None:
+            log.info(
+                "trainer: version %s already holds lineage %s; not registering again",
+                found,
+                lineage["lineage_key"],
+            )
+            return found
+        delay = 1.0
+        while True:  # the MLflow server may be down: keep the pending block until it is back
+            try:
+                return self.inner.publish(model, lineage, metrics)
+            except Exception:
+                if self.daemon.stopping:
+                    raise
+                log.warning("trainer: registration failed; retrying in %.0fs", delay, exc_info=True)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def find(self, key: str) -> str | None:
+        for version in self.inner.versions():
+            if self.inner.lineage(version).get("lineage_key") == key:
+                return version
+        return None
+
+    def set_alias(self, alias: str, version: str) -> None:
+        self.inner.set_alias(alias, version)
+
+    def resolve(self, alias: str) -> str | None:
+        return self.inner.resolve(alias)
+
+    def load(self, version: str) -> Any:
+        return self.inner.load(version)
+
+
+class TrainerDaemon:
+    def __init__(self, cfg: Config) -> None:
+        if not cfg.registry.tracking_uri:
+            raise ValueError(
+                "ctr trainer needs an MLflow server: set CTR_REGISTRY_TRACKING_URI "
+                "(e.g. http://127.0.0.1:15000; `make services-up` starts one)"
+            )
+        self.cfg = cfg
+        self.stopping = False
+        k = cfg.kafka
+        ensure_topics(k, [k.examples_topic], k.partitions)
+        ensure_topics(k, [k.dead_letter_topic], 1)
+        self.dir = Path(cfg.daemon.state_dir).expanduser() / "trainer"
+        self.store = IdempotentStore(MlflowModelStore(cfg.registry, cfg.registry.tracking_uri), self)
+        meta = read_json(self.dir / "meta.json") or {}
+        champion = None
+        if meta.get("champion_version") is not None or meta.get("pending"):
+            champion = TorchLearner.load(self.dir / "learner")
+            champion.version = meta.get("champion_version")
+        self.trainer = IncrementalTrainer(
+            cfg.trainer, self.store, alias=cfg.registry.champion_alias, champion=champion, resume=False
+        )
+        self.trainer.blocks = meta.get("blocks", 0)
+        self.pos: dict[str, int] = meta.get("offsets", {})
+        self._closing_pos: dict[str, int] = {}
+        self.seen: dict[str, int] = meta.get("seen", {})
+        self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
+        self.source = KafkaExampleSource(k, group_id=f"{k.group_id_prefix}-trainer")
+        self.source.seek(self.pos)
+        self.dead = KafkaSink(k, k.dead_letter_topic)
+        if meta.get("pending"):
+            self._finish_pending(meta["pending"])
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _meta(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "offsets": self.pos,
+            "seen": self.seen,
+            "blocks": self.trainer.blocks,
+            "champion_version": self.trainer.champion_version,
+            **extra,
+        }
+
+    def save_pending(
+        self, model: TorchLearner, lineage: dict[str, Any], metrics: dict[str, float], key: str
+    ) -> None:
+        """Before registering: the accepted candidate and where its block ended, durably."""
+        tmp = self.dir / ".learner.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save(tmp, optimizer=True)
+        replace_dir(tmp, self.dir / "learner")
+        pending = {"lineage": {**lineage, "lineage_key": key}, "metrics": metrics}
+        meta = self._meta(pending=pending)
+        meta["offsets"] = dict(self._closing_pos)  # the block's end, not what was read after it
+        meta["champion_version"] = None
+        write_json(self.dir / "meta.json", meta)
+
+    def _finish_pending(self, pending: dict[str, Any]) -> None:
+        champion = self.trainer.champion
+        assert champion is not None
+        version = self.store.register(champion, pending["lineage"], pending["metrics"])
+        self.store.set_alias(self.cfg.registry.champion_alias, version)
+        champion.version = version
+        self.trainer.has_champion = True
+        write_json(self.dir / "meta.json", self._meta())
+        self._announce()
+        log.info("trainer: finished the pending registration: version %s", version)
+
+    def _announce(self) -> None:
+        try:
+            import redis
+
+            redis.Redis.from_url(self.cfg.daemon.redis_url).publish(NOTIFY_CHANNEL, b"1")
+        except Exception:  # replicas still poll; a missed push only costs a poll interval
+            log.warning("trainer: could not announce the new champion on Redis", exc_info=True)
+
+    # -- main loop -------------------------------------------------------------------------------
+    def run(self, max_idle_s: float | None = None) -> dict[str, int]:
+        def stop(*_: Any) -> None:
+            self.stopping = True
+            self.source.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        last_input = time.monotonic()
+        block_from = dict(self.pos)
+        try:
+            for batch in self.source.batches():
+                now = time.monotonic()
+                if batch.examples or batch.dead:
+                    last_input = now
+                for letter in batch.dead:
+                    self.dead.write(letter)
+                    self.counters["dead_letters"] += 1
+                for ex, (tp, offset) in zip(batch.examples, batch.where, strict=True):
+                    if offset < self.pos.get(tp, 0):
+                        continue  # before our checkpoint: a rewind re-delivered it
+                    self.pos[tp] = offset + 1
+                    if ex.example_id in self.seen:
+                        self.counters["duplicates"] += 1  # the joiner replayed it after a restart
+                        continue
+                    self.seen[ex.example_id] = ex.impression.ts
+                    self.counters["examples"] += 1
+                    closing = self.trainer.needed == 1
+                    if closing:
+                        self._closing_pos = dict(self.pos)
+                    position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
+                    for report in self.trainer.add([ex], position=position if closing else None):
+                        self._block_done(report)
+                        block_from = dict(self.pos)
+                if batch.dead:
+                    self.dead.flush()
+                if max_idle_s is not None and now - last_input >= max_idle_s:
+                    break
+        finally:
+            self.source.close()
+            self.dead.close()
+        return self.counters
+
+    def _block_done(self, report: Any) -> None:
+        self.counters["blocks"] += 1
+        self._prune_seen(report.event_time_max)
+        write_json(self.dir / "meta.json", self._meta())
+        self.source.commit(self.pos)
+        log.info(
+            "trainer: block %d %s (version %s): %s",
+            report.index,
+            "accepted" if report.decision.accepted else "refused",
+            report.version,
+            report.decision.reason,
+        )
+        if report.version is not None:
+            self._announce()
+
+    def _prune_seen(self, newest_ts: int) -> None:
+        """Forget ids far older than anything a joiner replay can re-send."""
+        horizon = newest_ts - int(2 * (self.cfg.joiner.attribution_window_s + 3_600) * 1000)
+        self.seen = {k: ts for k, ts in self.seen.items() if ts >= horizon}

@@ -1,0 +1,215 @@
+"""The production profile end to end: real Kafka, Redis and MLflow server; daemons as processes.
+
+One simulated stream (~300,000 events) is published once per module; each test runs the daemons
+(``ctr joiner``, ``ctr trainer``, ``ctr serve``) as subprocesses over it, with their own consumer
+groups, output topics, state folders, Feast project and registered model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer
+
+from pipeline.config import Config, KafkaConfig
+from pipeline.kafka_io import ensure_topics, publish_stream
+from pipeline.simulator import Simulator
+from serving_bridge.server import kafka_partition
+
+IMPRESSIONS = 280_000  # plus ~17k clicks and ~1k duplicates: over 300,000 events
+SEED = 21
+PARTITIONS = 3
+WINDOW_S, LAG_S = 900.0, 60.0
+
+
+@dataclass
+class Stream:
+    impressions_topic: str
+    clicks_topic: str
+    events: int
+    expected: dict[str, int]  # impression id -> label, for every window closed by the stream's end
+
+
+@pytest.fixture(scope="module")
+def stream(services: dict[str, str], kafka_admin: object) -> Iterator[Stream]:
+    tag = uuid.uuid4().hex[:10]
+    k = KafkaConfig(
+        bootstrap_servers=services["CTR_KAFKA_BOOTSTRAP"],
+        impressions_topic=f"imps-{tag}",
+        clicks_topic=f"clicks-{tag}",
+    )
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic], PARTITIONS)
+    sim = Simulator(Config().simulator, SEED)
+    counts = publish_stream(k, sim.stream(IMPRESSIONS))
+    # What the joiner must emit: each partition's watermark is its newest event time minus the lag;
+    # an impression is final once its window ends before its partition's watermark.
+    newest = [0] * PARTITIONS
+    imps: dict[str, tuple[int, int]] = {}
+    for kind, ev in sim.stream(IMPRESSIONS):
+        p = kafka_partition(ev["user_id"], PARTITIONS)
+        newest[p] = max(newest[p], ev["ts"])
+        if kind == "impression":
+            imps.setdefault(ev["impression_id"], (ev["ts"], p))
+    truth = sim.ground_truth(IMPRESSIONS, WINDOW_S)
+    expected = {i: truth[i] for i, (ts, p) in imps.items() if ts + WINDOW_S * 1000 < newest[p] - LAG_S * 1000}
+    yield Stream(k.impressions_topic, k.clicks_topic, sum(counts.values()), expected)
+    kafka_admin.delete_topics([k.impressions_topic, k.clicks_topic])  # type: ignore[attr-defined]
+
+
+@dataclass
+class Run:
+    """One deployment: its own groups, output topics, state, Feast project and model name."""
+
+    services: dict[str, str]
+    stream: Stream
+    tmp: Path
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def examples_topic(self) -> str:
+        return f"examples-{self.tag}"
+
+    @property
+    def model_name(self) -> str:
+        return f"it-model-{self.tag}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CTR_KAFKA_BOOTSTRAP_SERVERS": self.services["CTR_KAFKA_BOOTSTRAP"],
+            "CTR_KAFKA_IMPRESSIONS_TOPIC": self.stream.impressions_topic,
+            "CTR_KAFKA_CLICKS_TOPIC": self.stream.clicks_topic,
+            "CTR_KAFKA_EXAMPLES_TOPIC": self.examples_topic,
+            "CTR_KAFKA_DEAD_LETTER_TOPIC": f"dead-{self.tag}",
+            "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
+            "CTR_KAFKA_GROUP_ID_PREFIX": f"it-{self.tag}",
+            "CTR_DAEMON_STATE_DIR": str(self.tmp / "state"),
+            "CTR_DAEMON_REDIS_URL": self.services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+            "CTR_DAEMON_CHECKPOINT_EVERY_S": "3",
+            "CTR_FEATURES_PROJECT": f"it_{self.tag}",
+            "CTR_REGISTRY_TRACKING_URI": self.services["CTR_MLFLOW_URI"],
+            "CTR_REGISTRY_MODEL_NAME": self.model_name,
+            "CTR_REGISTRY_EXPERIMENT": f"it-exp-{self.tag}",
+            "CTR_TRAINER_TRAIN_EVERY": "60000",
+            "CTR_TRAINER_HASH_BUCKETS": str(1 << 18),
+            "CTR_TRAINER_THREADS": "1",
+            "CTR_VALIDATION_MAX_PAST_AGE_S": "1e10",  # the simulated stream is dated 2026-01-01
+            "CTR_SERVING_POLL_INTERVAL_S": "0.5",
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+            **extra,
+        }
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{args[0]}-{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def examples(self, timeout_s: float = 20.0) -> tuple[dict[str, bytes], int]:
+        """Every example on the output topic by id (and how many messages repeated an id)."""
+        consumer = KafkaConsumer(
+            self.examples_topic,
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"],
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=int(timeout_s * 1000),
+        )
+        out: dict[str, bytes] = {}
+        repeats = 0
+        for msg in consumer:
+            ex_id = json.loads(msg.value)["impression"]["impression_id"]
+            if ex_id in out:
+                repeats += 1
+                assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
+            out[ex_id] = msg.value
+        consumer.close()
+        return out, repeats
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def run(services: dict[str, str], stream: Stream, tmp_path: Path) -> Iterator[Run]:
+    r = Run(services, stream, tmp_path)
+    yield r
+    r.stop_all()
+
+
+def finish(proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
+    assert proc.wait(timeout=timeout_s) == 0, f"{proc.args} exited with {proc.returncode}"
+
+
+def labels(examples: dict[str, bytes]) -> dict[str, int]:
+    return {i: json.loads(v)["label"] for i, v in examples.items()}
+
+
+def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions(run: Run) -> None:
+    joiner = run.start("joiner", "--exit-when-idle", "15")
+    trainer = run.start("trainer", "--exit-when-idle", "45")
+    replica = run.start("serve", "--port", str(20_000 + random.randrange(5_000)))
+    finish(joiner)
+    examples, _ = run.examples()
+    assert labels(examples) == run.stream.expected  # no loss, no duplicate, right labels
+    finish(trainer)
+
+    from trainers.registry import MlflowModelStore
+
+    cfg = Config()
+    cfg.registry.model_name = run.model_name
+    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+    versions = store.versions()
+    assert len(versions) >= 3
+    previous_to = None
+    for v in versions:
+        lineage = store.lineage(v)
+        position = json.loads(lineage["position"])
+        assert set(position) == {"kafka_offsets_from", "kafka_offsets_to"}
+        assert all(k.startswith(run.examples_topic) for k in position["kafka_offsets_to"])
+        if previous_to is not None:
+            assert position["kafka_offsets_from"] == previous_to  # consecutive offset ranges
+        previous_to = position["kafka_offsets_to"]
+    champion = store.resolve("champion")
+    assert champion == versions[-1]
+
+    port = int(replica.args[-1])  # type: ignore[index]
+    deadline = time.monotonic() + 60
+    served = None
+    while time.monotonic() < deadline and served != champion:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
+                served = json.loads(resp.read())["version"]
+        except OSError:
+            pass
+        time.sleep(0.5)
+    assert served == champion
+    body = json.dumps({"user_id": "user-3", "context": {"device": "mobile"}, "items": ["item-1", "item-2"]})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/score", body.encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        scored = json.loads(resp.read())
+    assert scored["version"] == champion and len(scored["probabilities"]) == 2
