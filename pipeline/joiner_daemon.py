@@ -15,6 +15,7 @@ features (Redis drops rows that are not newer). Nothing is lost, nothing counts 
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import time
@@ -110,7 +111,7 @@ class JoinerDaemon:
                     last_input = now
                     self._process(batch)
                 for task in self.tasks.values():
-                    task.run(now, lambda kind, p=task.partition: self._at_end(kind, p, now))
+                    task.run(now, functools.partial(self._at_end, partition=task.partition, now=now))
                     self._emit(task)
                 if now - last_ckpt >= self.cfg.daemon.checkpoint_every_s:
                     self.checkpoint()

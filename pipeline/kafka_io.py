@@ -1,0 +1,372 @@
+"""Kafka adapters of the production profile: consumer-group sources, plus (re-exported from
+:mod:`pipeline.kafka_client`) client settings, topic creation, :class:`KafkaSink` and ``ctr produce``.
+
+:class:`KafkaEventSource` implements :class:`pipeline.types.Source` over a consumer group with manual
+commits. The daemon loop that gives exactly-once *effect*::
+
+    src = KafkaEventSource(cfg, {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"},
+                           group_id=f"{cfg.group_id_prefix}-joiner", on_revoke=joiner.reset)
+    for batch in src.batches():          # [] every poll_timeout_ms when idle: time-based work here
+        out = process(batch)
+        sink.send(...); sink.flush()     # durable (raises if not)
+        src.commit(src.snapshot())       # only now: a crash before this replays the batch
+
+A crash replays everything after the last commit; writes downstream are idempotent (dedup by id).
+
+**Rebalances look like a restart.** kafka-python runs the rebalance callbacks on its IO thread while
+the daemon's thread is blocked inside ``poll``, so nothing can be committed in them. Instead, when a
+rebalance takes away records the daemon was given but has not committed, the source rewinds every
+partition it keeps to its last commit (a revoked partition resumes at that commit on its new owner),
+counts it in ``revocations`` and calls ``on_revoke()`` in the daemon's thread before the next batch.
+The daemon then drops its uncommitted in-memory state (e.g. pending joins) and carries on: what
+follows is the replay from the last commit. A rebalance after everything was committed needs nothing.
+
+**Resuming from a checkpoint.** ``seek(snapshot)`` before (or during) consumption makes partitions
+start at the snapshot's offsets when they are assigned, instead of at the group's committed offsets;
+the trainer keeps offsets in its checkpoint and seeks to them, so a crash between checkpoint and
+commit neither loses nor repeats a block.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+from pipeline.config import KafkaConfig
+from pipeline.events import DeadLetter, LabelledExample
+from pipeline.kafka_client import (
+    KafkaSink,
+    KafkaSinkError,
+    KafkaUnavailableError,
+    RateLimiter,
+    connect,
+    ensure_topics,
+    kafka_client_kwargs,
+    publish_stream,
+    replay_file_to_kafka,
+)
+from pipeline.types import Clock, EventKind, RawEvent, WallClock
+
+__all__ = [
+    "ExampleBatch",
+    "KafkaEventSource",
+    "KafkaExampleSource",
+    "KafkaSink",
+    "KafkaSinkError",
+    "KafkaUnavailableError",
+    "RateLimiter",
+    "decode_example",
+    "ensure_topics",
+    "kafka_client_kwargs",
+    "parse_snapshot",
+    "publish_stream",
+    "replay_file_to_kafka",
+]
+
+_RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.events does)
+
+
+def _key(tp: TopicPartition) -> str:
+    return f"{tp.topic}:{tp.partition}"
+
+
+def parse_snapshot(snapshot: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    """``{"topic:partition": next_offset}`` to TopicPartitions (topic names cannot contain ``:``).
+
+    >>> parse_snapshot({"clicks:2": 17})
+    {TopicPartition(topic='clicks', partition=2): 17}
+    """
+    out: dict[TopicPartition, int] = {}
+    for key, offset in snapshot.items():
+        topic, sep, part = str(key).rpartition(":")
+        if not (sep and topic and part.isdigit()) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(
+                f"Kafka snapshot entry {key!r}: {offset!r} is not 'topic:partition': offset >= 0"
+            )
+        out[TopicPartition(topic, int(part))] = offset
+    return out
+
+
+class _OffsetBook:
+    """One consumer's offsets: what it yielded, where a rebalance rewinds to, checkpoint seeks.
+
+    Pure bookkeeping (unit-tested without a broker); the rebalance methods run on kafka-python's IO
+    thread while the daemon's thread is blocked in ``poll``, and the lock covers the rest.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.positions: dict[TopicPartition, int] = {}  # next offset after what was yielded
+        self.restart: dict[TopicPartition, int] = {}  # last commit, else the first offset yielded
+        self.seek_to: dict[TopicPartition, int] = {}  # checkpoint offsets, applied on assignment
+        self.owned: set[TopicPartition] = set()
+        self.disrupted = False  # a rebalance took uncommitted records; the daemon has not heard yet
+
+    def yielded(self, tp: TopicPartition, first: int, last: int) -> None:
+        with self.lock:
+            self.restart.setdefault(tp, first)
+            self.positions[tp] = last + 1
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        with self.lock:
+            self.restart.update(offsets)
+
+    def seek(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Record checkpoint offsets; returns those to seek now (the partitions already owned)."""
+        with self.lock:
+            now = {tp: off for tp, off in offsets.items() if tp in self.owned}
+            self.seek_to.update({tp: off for tp, off in offsets.items() if tp not in self.owned})
+            self.positions.update(now)
+            self.restart.update(now)
+            return now
+
+    def assigned(self, new: set[TopicPartition]) -> dict[TopicPartition, int]:
+        """The new assignment (after any revocation); returns the seeks to make for it."""
+        with self.lock:
+            old = self.owned
+            if any(self.positions.get(tp, off) != off for tp, off in self.restart.items() if tp in old):
+                self.disrupted = True  # uncommitted records were yielded: rewind what we keep
+                seeks = {tp: self.restart[tp] for tp in old & new if tp in self.restart}
+            else:
+                seeks = {}
+            for tp in old - new:
+                self.positions.pop(tp, None)
+                self.restart.pop(tp, None)
+            seeks.update({tp: self.seek_to.pop(tp) for tp in new if tp in self.seek_to})
+            self.positions.update(seeks)
+            self.restart.update(seeks)
+            self.owned = set(new)
+            return seeks
+
+    def take_disrupted(self) -> bool:
+        with self.lock:
+            hit, self.disrupted = self.disrupted, False
+            return hit
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, consumer: KafkaConsumer, book: _OffsetBook) -> None:
+        self.consumer, self.book = consumer, book
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        pass  # eager protocol: the full assignment comes next, and `assigned` compares against it
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        # seek() only updates the subscription state: safe on the IO thread (no network round trip)
+        for tp, offset in self.book.assigned(set(assigned)).items():
+            self.consumer.seek(tp, offset)
+
+
+class _GroupSource:
+    """A consumer-group member with manual commits: polling, snapshots, commits, seeks, lag."""
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        topics: Iterable[str],
+        group_id: str,
+        batch_size: int | None,
+        clock: Clock,
+        on_revoke: Callable[[], None] | None,
+    ) -> None:
+        self.cfg, self.group_id, self.clock, self.on_revoke = cfg, group_id, clock, on_revoke
+        self.batch_size = batch_size or cfg.max_poll_records
+        self.revocations = 0  # rebalances that rewound this source (see the module docstring)
+        self._book = _OffsetBook()
+        self._stop = threading.Event()
+        self._consumer = connect(
+            KafkaConsumer,
+            cfg,
+            f"consumer group {group_id!r}",
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.batch_size,
+            max_poll_interval_ms=cfg.max_poll_interval_ms,
+            check_crcs=cfg.check_crcs,
+            # Range gives one member the same partition number of every topic: impressions and
+            # clicks of one user (same key, same partition count) reach the same joiner.
+            partition_assignment_strategy=(RangePartitionAssignor,),
+        )
+        self._consumer.subscribe(topics=sorted(set(topics)), listener=_Listener(self._consumer, self._book))
+
+    def _polls(self) -> Iterator[list[ConsumerRecord]]:
+        """Records of each poll until ``stop()``; an empty list when a poll found nothing."""
+        while not self._stop.is_set():
+            polled = self._consumer.poll(timeout_ms=self.cfg.poll_timeout_ms, max_records=self.batch_size)
+            if self._book.take_disrupted():
+                self.revocations += 1
+                if self.on_revoke is not None:
+                    self.on_revoke()
+            records: list[ConsumerRecord] = []
+            for tp, recs in polled.items():
+                self._book.yielded(tp, recs[0].offset, recs[-1].offset)
+                records.extend(recs)
+            yield records
+
+    def stop(self) -> None:
+        """Make ``batches()`` return after the current poll (callable from any thread or a signal)."""
+        self._stop.set()
+
+    def snapshot(self) -> dict[str, int]:
+        """``{"topic:partition": next_offset}`` after everything yielded so far (owned partitions)."""
+        with self._book.lock:
+            return {_key(tp): off for tp, off in sorted(self._book.positions.items())}
+
+    def commit(self, snapshot: Mapping[str, int]) -> dict[str, int]:
+        """Commit exactly these offsets for the partitions this member owns; returns what it committed.
+
+        Entries for partitions it does not own (any more) are skipped: committing them could move
+        another member's position. Raises ``kafka.errors.CommitFailedError`` if the group is
+        rebalancing; the next batch then reports the rebalance (``on_revoke``).
+        """
+        offsets = parse_snapshot(snapshot)
+        mine = {tp: off for tp, off in offsets.items() if tp in self._book.owned}
+        if mine:
+            commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in mine.items()}
+            self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
+            self._book.committed(mine)
+        return {_key(tp): off for tp, off in sorted(mine.items())}
+
+    def seek(self, snapshot: Mapping[str, int]) -> None:
+        """Resume at a checkpoint's offsets: now for owned partitions, else when they are assigned."""
+        for tp, offset in self._book.seek(parse_snapshot(snapshot)).items():
+            self._consumer.seek(tp, offset)
+
+    def assignment(self) -> list[str]:
+        return sorted(_key(tp) for tp in self._book.owned)
+
+    def lag(self) -> dict[str, int]:
+        """Per owned partition: end offset - next offset to yield (a metric; one broker round trip)."""
+        owned = sorted(self._book.owned)
+        if not owned:
+            return {}
+        ends = self._consumer.end_offsets(owned, timeout_ms=self.cfg.request_timeout_ms)
+        out: dict[str, int] = {}
+        for tp in owned:
+            pos = self._book.positions.get(tp)
+            if pos is None:
+                pos = self._consumer.position(tp, timeout_ms=self.cfg.request_timeout_ms)
+            if pos is not None and tp in ends:
+                out[_key(tp)] = max(0, ends[tp] - pos)
+        return out
+
+    def close(self) -> None:
+        """Leave the group (its partitions move at once); nothing is committed."""
+        self._stop.set()
+        self._consumer.close(autocommit=False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class KafkaEventSource(_GroupSource):
+    """Raw impressions/clicks from ``topics`` (``{topic: kind}``) as :class:`RawEvent` batches.
+
+    ``value`` is the message bytes as they are (a tombstone becomes ``b""``): validation happens
+    later, so bad content never raises here. ``batches()`` yields one list per poll, at most
+    ``batch_size`` events (default ``cfg.max_poll_records``), and an empty list every
+    ``cfg.poll_timeout_ms`` when idle, so a daemon loop can do time-based work; it returns after
+    ``stop()``. See the module docstring for commits, rebalances and seeks.
+    """
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        topics: Mapping[str, EventKind],
+        group_id: str,
+        batch_size: int | None = None,
+        clock: Clock | None = None,
+        on_revoke: Callable[[], None] | None = None,
+    ) -> None:
+        self.topics = dict(topics)
+        super().__init__(cfg, self.topics, group_id, batch_size, clock or WallClock(), on_revoke)
+
+    def batches(self) -> Iterator[list[RawEvent]]:
+        kinds = self.topics
+        for records in self._polls():
+            yield [
+                RawEvent(kinds[r.topic], r.value or b"", r.topic, r.partition, r.offset, r.key)
+                for r in records
+            ]
+
+
+@dataclass
+class ExampleBatch:
+    """One poll of the examples topic: decoded examples and the messages that were not examples."""
+
+    examples: list[LabelledExample] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    where: list[tuple[str, int]] = field(default_factory=list)  # ("topic:partition", offset) per example
+
+
+def decode_example(r: ConsumerRecord) -> LabelledExample | DeadLetter:
+    """A :class:`LabelledExample`, or a dead letter saying why the message is not one."""
+    raw = r.value or b""
+    reason, detail = "", ""
+    try:
+        ex = LabelledExample.from_json(raw)
+        imp = ex.impression
+        if ex.label not in (0, 1) or isinstance(ex.label, bool):
+            reason, detail = "bad_value", f"label {ex.label!r} is not 0 or 1"
+        elif not all(type(v) is int for v in (imp.ts, ex.label_ts)):
+            reason, detail = "bad_type", "ts and label_ts must be integers (epoch ms)"
+        elif not (isinstance(imp.impression_id, str) and isinstance(imp.features, dict)):
+            reason, detail = "bad_type", "impression_id must be a string and features an object"
+        else:
+            return ex
+    except UnicodeDecodeError as exc:
+        reason, detail = "bad_encoding", str(exc)
+    except json.JSONDecodeError as exc:
+        reason, detail = "bad_json", str(exc)
+    except KeyError as exc:
+        reason, detail = "missing_field", f"field {exc} is missing"
+    except (TypeError, AttributeError, ValueError, RecursionError) as exc:
+        reason, detail = "bad_type", f"{type(exc).__name__}: {exc}"
+    return DeadLetter(reason, detail[:200], "example", raw[:_RAW_PREFIX], r.topic, r.partition, r.offset)
+
+
+class KafkaExampleSource(_GroupSource):
+    """Labelled examples from ``topic`` (default ``cfg.examples_topic``), for the trainer.
+
+    ``batches()`` yields an :class:`ExampleBatch` per poll (empty when idle): ``examples`` decoded,
+    and ``dead``, a :class:`DeadLetter` (reason ``bad_json``, ``missing_field``, ...) for each
+    message that is not a valid example, to be sent to the dead-letter topic. Its offset is
+    covered by the snapshot like any other, so a malformed message is never re-read after a commit.
+    Snapshots, commits, seeks and rebalances behave as in :class:`KafkaEventSource`.
+    """
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        group_id: str,
+        topic: str | None = None,
+        batch_size: int | None = None,
+        clock: Clock | None = None,
+        on_revoke: Callable[[], None] | None = None,
+    ) -> None:
+        self.topic = topic or cfg.examples_topic
+        super().__init__(cfg, [self.topic], group_id, batch_size, clock or WallClock(), on_revoke)
+
+    def batches(self) -> Iterator[ExampleBatch]:
+        for records in self._polls():
+            batch = ExampleBatch()
+            for r in records:
+                item = decode_example(r)
+                if isinstance(item, LabelledExample):
+                    batch.examples.append(item)
+                    batch.where.append((f"{r.topic}:{r.partition}", r.offset))
+                else:
+                    batch.dead.append(item)
+            yield batch
