@@ -161,6 +161,44 @@ def run(services: dict[str, str], stream: Stream, tmp_path: Path) -> Iterator[Ru
     r.stop_all()
 
 
+@pytest.fixture(scope="module")
+def reference(
+    services: dict[str, str], stream: Stream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Run, dict[str, bytes]]]:
+    """An uninterrupted joiner run: what every faulty or scaled-out run must reproduce exactly."""
+    r = Run(services, stream, tmp_path_factory.mktemp("reference"))
+    finish(r.start("joiner", "--exit-when-idle", "10"))
+    examples, repeats = r.examples()
+    assert repeats == 0
+    yield r, examples
+    r.stop_all()
+
+
+def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
+    """Block until the run's output topic holds ``at_least`` messages (its end offsets say so)."""
+    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP"])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            parts = consumer.partitions_for_topic(r.examples_topic) or set()
+            from kafka import TopicPartition
+
+            tps = [TopicPartition(r.examples_topic, p) for p in parts]
+            if tps and sum(consumer.end_offsets(tps).values()) >= at_least:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"fewer than {at_least} examples after {timeout_s}s")
+    finally:
+        consumer.close()
+
+
+def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dict[str, float]]]:
+    from features.store import OnlineFeatureReader, connect_store
+
+    reader = OnlineFeatureReader(connect_store(r.tmp / "state" / "joiner" / "feast"))
+    return [reader.get(u, items) for u in users]
+
+
 def finish(proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
     assert proc.wait(timeout=timeout_s) == 0, f"{proc.args} exited with {proc.returncode}"
 
@@ -213,3 +251,82 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     with urllib.request.urlopen(req, timeout=5) as resp:
         scored = json.loads(resp.read())
     assert scored["version"] == champion and len(scored["probabilities"]) == 2
+
+
+def test_kill_9_of_the_joiner_loses_and_duplicates_nothing(
+    run: Run, reference: tuple[Run, dict[str, bytes]]
+) -> None:
+    ref_run, ref_examples = reference
+    rng = random.Random(5)
+    for _ in range(2):  # two crashes at random points of the stream
+        proc = run.start("joiner")
+        wait_for_examples(run, rng.randrange(20_000, 200_000))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finish(run.start("joiner", "--exit-when-idle", "10"))
+    examples, _ = run.examples()  # repeats are allowed only as byte-identical copies
+    assert examples == ref_examples
+    users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
+    items = [f"item-{i}@p{p}" for i in range(5) for p in range(PARTITIONS)]
+    assert online_features(run, users, items) == online_features(ref_run, users, items)
+
+
+def test_two_joiners_in_one_group_produce_what_one_produces(
+    run: Run, reference: tuple[Run, dict[str, bytes]]
+) -> None:
+    first = run.start("joiner", "--exit-when-idle", "15")
+    second = run.start("joiner", "--exit-when-idle", "15")
+    finish(first)
+    finish(second)
+    examples, _ = run.examples()
+    assert examples == reference[1]
+
+
+def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
+    run: Run, reference: tuple[Run, dict[str, bytes]]
+) -> None:
+    ref_run = reference[0]
+    run.tag = ref_run.tag + "x"  # a fresh model, state and group ...
+    env_topic = {"CTR_KAFKA_EXAMPLES_TOPIC": ref_run.examples_topic}  # ... over the reference's examples
+
+    from trainers.registry import MlflowModelStore
+
+    cfg = Config()
+    cfg.registry.model_name = run.model_name
+    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+
+    def start_trainer(*args: str) -> subprocess.Popen[bytes]:
+        log = (run.tmp / f"trainer-{len(run.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "trainer", *args],
+            env=run.env(**env_topic),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        run.procs.append(proc)
+        return proc
+
+    proc = start_trainer()
+    deadline = time.monotonic() + 300
+    while len(store.versions()) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(random.Random(3).uniform(0.5, 5.0))  # somewhere inside the next block
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finish(start_trainer("--exit-when-idle", "30"))
+    versions = store.versions()
+    assert len(versions) >= 2
+    keys: set[str] = set()
+    parent, previous_block, previous_to = "none", 0, None
+    for v in versions:  # one version per accepted block, each the child of the one before
+        lineage = store.lineage(v)
+        assert lineage["lineage_key"] not in keys
+        keys.add(lineage["lineage_key"])
+        assert lineage["parent_version"] == parent
+        block = int(lineage["block"])
+        assert block > previous_block
+        position = json.loads(lineage["position"])
+        if block == previous_block + 1 and previous_to is not None:
+            assert position["kafka_offsets_from"] == previous_to  # no example skipped or repeated
+        parent, previous_block, previous_to = v, block, position["kafka_offsets_to"]
+    assert previous_block == len(reference[1]) // 60_000  # every full block was trained once
