@@ -1,9 +1,9 @@
-"""Kafka client settings, topic creation and the producing side: :class:`KafkaSink` and ``ctr produce``.
+"""Kafka client settings, topic creation and :class:`KafkaSink`, the idempotent producer.
 
 Every client (admin, producer, consumer) is built from one :class:`~pipeline.config.KafkaConfig` by
 :func:`kafka_client_kwargs`, so security settings live in one place. A broker that cannot be reached
 fails within ``connect_timeout_ms`` with :class:`KafkaUnavailableError` naming the address, never a
-hang. The consuming side is :mod:`pipeline.kafka_io`, which also re-exports everything here.
+hang. :mod:`pipeline.kafka_io` (the consuming side) re-exports everything here.
 
 kafka-python's ``KafkaProducer.flush()`` returns normally when sends *failed* (errors only reach the
 per-record futures); :class:`KafkaSink` collects them so its ``flush()`` raises, and a caller that
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaProducer
@@ -26,18 +23,14 @@ from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, To
 
 from pipeline.config import KafkaConfig
 from pipeline.events import DeadLetter
-from pipeline.sources import AvazuCsvSource, JsonlSource
-from pipeline.types import EventKind, Source
 
 __all__ = [
     "KafkaSink",
     "KafkaSinkError",
     "KafkaUnavailableError",
-    "RateLimiter",
+    "connect",
     "ensure_topics",
     "kafka_client_kwargs",
-    "publish_stream",
-    "replay_file_to_kafka",
 ]
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -150,42 +143,6 @@ def ensure_topics(cfg: KafkaConfig, names: Iterable[str], partitions: int | None
         admin.close()
 
 
-class RateLimiter:
-    """A token bucket: ``acquire()`` sleeps so that calls average ``rate`` per second.
-
-    The bucket holds at most ``burst`` tokens (default: 50 ms worth), so an idle spell does not
-    allow an unbounded burst after it. Debts below ``min_sleep_s`` are carried rather than slept:
-    ``time.sleep`` cannot sleep 20 µs, and the carried debt keeps the long-run rate exact.
-    """
-
-    def __init__(
-        self,
-        rate: float,
-        burst: float | None = None,
-        min_sleep_s: float = 0.001,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if not rate > 0:
-            raise ValueError(f"RateLimiter: rate must be > 0 events/s, got {rate!r}")
-        self.rate, self.burst = float(rate), max(1.0, rate * 0.05 if burst is None else burst)
-        self.min_sleep_s, self._clock, self._sleep = min_sleep_s, clock, sleep
-        self._tokens, self._last = self.burst, clock()
-
-    def acquire(self, n: float = 1.0) -> float:
-        """Take ``n`` tokens, sleeping while the bucket is in debt; returns the seconds slept."""
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate) - n
-        self._last = now
-        if self._tokens >= 0:
-            return 0.0
-        delay = -self._tokens / self.rate
-        if delay < self.min_sleep_s:
-            return 0.0
-        self._sleep(delay)
-        return delay
-
-
 class KafkaSink:
     """An idempotent producer (acks=all) to ``topic``; ``flush()`` raises if any send failed.
 
@@ -271,67 +228,3 @@ class KafkaSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _publish(
-    cfg: KafkaConfig, records: Iterable[tuple[str, bytes | None, bytes]], rate: float | None, flush_every: int
-) -> dict[str, int]:
-    topics = {"impression": cfg.impressions_topic, "click": cfg.clicks_topic}
-    counts = dict.fromkeys(topics, 0)
-    limiter = RateLimiter(rate) if rate else None
-    with KafkaSink(cfg, cfg.impressions_topic) as sink:
-        for kind, key, value in records:
-            if kind not in topics:
-                raise ValueError(f"publish: event kind {kind!r} is not one of {sorted(topics)}")
-            if limiter is not None:
-                limiter.acquire()
-            sink.send(key, value, topics[kind])
-            counts[kind] += 1
-            if sink.sent >= flush_every:  # bounds producer memory and surfaces failures early
-                sink.flush()
-        sink.flush()
-    return counts
-
-
-def _user_key(event: Mapping[str, Any]) -> bytes | None:
-    user = event.get("user_id")
-    return user.encode() if isinstance(user, str) else None
-
-
-def publish_stream(
-    cfg: KafkaConfig,
-    events: Iterable[tuple[EventKind, Mapping[str, Any]]],
-    rate: float | None = None,
-    flush_every: int = 50_000,
-) -> dict[str, int]:
-    """``ctr produce``: JSON-encode ``(kind, event)`` pairs to the impressions/clicks topics.
-
-    Keyed by ``user_id`` (so a user's impressions and clicks land on the same partition number),
-    at ``rate`` events/s or as fast as possible; returns ``{"impression": n, "click": m}`` once
-    everything is acknowledged (raises :class:`KafkaSinkError` otherwise).
-    """
-    records = ((k, _user_key(e), json.dumps(e, separators=(",", ":")).encode()) for k, e in events)
-    return _publish(cfg, records, rate, flush_every)
-
-
-def replay_file_to_kafka(
-    cfg: KafkaConfig, source: str | Path | Source, rate: float | None = None, flush_every: int = 50_000
-) -> dict[str, int]:
-    """Publish a log file (``.csv``: Avazu, else JSONL) or any :class:`Source` to the event topics.
-
-    Lines the file source could not parse are published as their raw bytes, so the ingesting daemon
-    dead-letters them with a reason, exactly as a replay without Kafka would.
-    """
-    if isinstance(source, str | Path):
-        path = Path(source)
-        source = AvazuCsvSource(path) if path.suffix == ".csv" else JsonlSource([path])
-
-    def records() -> Iterable[tuple[str, bytes | None, bytes]]:
-        for batch in source.batches():
-            for ev in batch:
-                value = (
-                    ev.value if isinstance(ev.value, bytes) else json.dumps(ev.value, separators=(",", ":"))
-                )
-                yield ev.kind, ev.key, value if isinstance(value, bytes) else value.encode()
-
-    return _publish(cfg, records(), rate, flush_every)

@@ -1,5 +1,6 @@
-"""Kafka adapters of the production profile: consumer-group sources, plus (re-exported from
-:mod:`pipeline.kafka_client`) client settings, topic creation, :class:`KafkaSink` and ``ctr produce``.
+"""Kafka adapters of the production profile: the consumer-group sources, plus, re-exported, client
+settings, topics and :class:`KafkaSink` (:mod:`pipeline.kafka_client`), ``ctr produce``
+(:mod:`pipeline.kafka_publish`) and snapshot parsing (:mod:`pipeline.kafka_offsets`).
 
 :class:`KafkaEventSource` implements :class:`pipeline.types.Source` over a consumer group with manual
 commits. The daemon loop that gives exactly-once *effect*::
@@ -33,11 +34,10 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Self
 
-from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from pipeline.config import KafkaConfig
@@ -46,13 +46,12 @@ from pipeline.kafka_client import (
     KafkaSink,
     KafkaSinkError,
     KafkaUnavailableError,
-    RateLimiter,
     connect,
     ensure_topics,
     kafka_client_kwargs,
-    publish_stream,
-    replay_file_to_kafka,
 )
+from pipeline.kafka_offsets import OffsetBook, RebalanceListener, parse_snapshot, snapshot_key
+from pipeline.kafka_publish import RateLimiter, publish_stream, replay_file_to_kafka
 from pipeline.types import Clock, EventKind, RawEvent, WallClock
 
 __all__ = [
@@ -74,97 +73,6 @@ __all__ = [
 _RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.events does)
 
 
-def _key(tp: TopicPartition) -> str:
-    return f"{tp.topic}:{tp.partition}"
-
-
-def parse_snapshot(snapshot: Mapping[str, Any]) -> dict[TopicPartition, int]:
-    """``{"topic:partition": next_offset}`` to TopicPartitions (topic names cannot contain ``:``).
-
-    >>> parse_snapshot({"clicks:2": 17})
-    {TopicPartition(topic='clicks', partition=2): 17}
-    """
-    out: dict[TopicPartition, int] = {}
-    for key, offset in snapshot.items():
-        topic, sep, part = str(key).rpartition(":")
-        if not (sep and topic and part.isdigit()) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(
-                f"Kafka snapshot entry {key!r}: {offset!r} is not 'topic:partition': offset >= 0"
-            )
-        out[TopicPartition(topic, int(part))] = offset
-    return out
-
-
-class _OffsetBook:
-    """One consumer's offsets: what it yielded, where a rebalance rewinds to, checkpoint seeks.
-
-    Pure bookkeeping (unit-tested without a broker); the rebalance methods run on kafka-python's IO
-    thread while the daemon's thread is blocked in ``poll``, and the lock covers the rest.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.positions: dict[TopicPartition, int] = {}  # next offset after what was yielded
-        self.restart: dict[TopicPartition, int] = {}  # last commit, else the first offset yielded
-        self.seek_to: dict[TopicPartition, int] = {}  # checkpoint offsets, applied on assignment
-        self.owned: set[TopicPartition] = set()
-        self.disrupted = False  # a rebalance took uncommitted records; the daemon has not heard yet
-
-    def yielded(self, tp: TopicPartition, first: int, last: int) -> None:
-        with self.lock:
-            self.restart.setdefault(tp, first)
-            self.positions[tp] = last + 1
-
-    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
-        with self.lock:
-            self.restart.update(offsets)
-
-    def seek(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Record checkpoint offsets; returns those to seek now (the partitions already owned)."""
-        with self.lock:
-            now = {tp: off for tp, off in offsets.items() if tp in self.owned}
-            self.seek_to.update({tp: off for tp, off in offsets.items() if tp not in self.owned})
-            self.positions.update(now)
-            self.restart.update(now)
-            return now
-
-    def assigned(self, new: set[TopicPartition]) -> dict[TopicPartition, int]:
-        """The new assignment (after any revocation); returns the seeks to make for it."""
-        with self.lock:
-            old = self.owned
-            if any(self.positions.get(tp, off) != off for tp, off in self.restart.items() if tp in old):
-                self.disrupted = True  # uncommitted records were yielded: rewind what we keep
-                seeks = {tp: self.restart[tp] for tp in old & new if tp in self.restart}
-            else:
-                seeks = {}
-            for tp in old - new:
-                self.positions.pop(tp, None)
-                self.restart.pop(tp, None)
-            seeks.update({tp: self.seek_to.pop(tp) for tp in new if tp in self.seek_to})
-            self.positions.update(seeks)
-            self.restart.update(seeks)
-            self.owned = set(new)
-            return seeks
-
-    def take_disrupted(self) -> bool:
-        with self.lock:
-            hit, self.disrupted = self.disrupted, False
-            return hit
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, consumer: KafkaConsumer, book: _OffsetBook) -> None:
-        self.consumer, self.book = consumer, book
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        pass  # eager protocol: the full assignment comes next, and `assigned` compares against it
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        # seek() only updates the subscription state: safe on the IO thread (no network round trip)
-        for tp, offset in self.book.assigned(set(assigned)).items():
-            self.consumer.seek(tp, offset)
-
-
 class _GroupSource:
     """A consumer-group member with manual commits: polling, snapshots, commits, seeks, lag."""
 
@@ -180,7 +88,7 @@ class _GroupSource:
         self.cfg, self.group_id, self.clock, self.on_revoke = cfg, group_id, clock, on_revoke
         self.batch_size = batch_size or cfg.max_poll_records
         self.revocations = 0  # rebalances that rewound this source (see the module docstring)
-        self._book = _OffsetBook()
+        self._book = OffsetBook()
         self._stop = threading.Event()
         self._consumer = connect(
             KafkaConsumer,
@@ -196,7 +104,9 @@ class _GroupSource:
             # clicks of one user (same key, same partition count) reach the same joiner.
             partition_assignment_strategy=(RangePartitionAssignor,),
         )
-        self._consumer.subscribe(topics=sorted(set(topics)), listener=_Listener(self._consumer, self._book))
+        self._consumer.subscribe(
+            topics=sorted(set(topics)), listener=RebalanceListener(self._consumer, self._book)
+        )
 
     def _polls(self) -> Iterator[list[ConsumerRecord]]:
         """Records of each poll until ``stop()``; an empty list when a poll found nothing."""
@@ -219,7 +129,7 @@ class _GroupSource:
     def snapshot(self) -> dict[str, int]:
         """``{"topic:partition": next_offset}`` after everything yielded so far (owned partitions)."""
         with self._book.lock:
-            return {_key(tp): off for tp, off in sorted(self._book.positions.items())}
+            return {snapshot_key(tp): off for tp, off in sorted(self._book.positions.items())}
 
     def commit(self, snapshot: Mapping[str, int]) -> dict[str, int]:
         """Commit exactly these offsets for the partitions this member owns; returns what it committed.
@@ -234,7 +144,7 @@ class _GroupSource:
             commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in mine.items()}
             self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
             self._book.committed(mine)
-        return {_key(tp): off for tp, off in sorted(mine.items())}
+        return {snapshot_key(tp): off for tp, off in sorted(mine.items())}
 
     def seek(self, snapshot: Mapping[str, int]) -> None:
         """Resume at a checkpoint's offsets: now for owned partitions, else when they are assigned."""
@@ -242,7 +152,7 @@ class _GroupSource:
             self._consumer.seek(tp, offset)
 
     def assignment(self) -> list[str]:
-        return sorted(_key(tp) for tp in self._book.owned)
+        return sorted(snapshot_key(tp) for tp in self._book.owned)
 
     def lag(self) -> dict[str, int]:
         """Per owned partition: end offset - next offset to yield (a metric; one broker round trip)."""
@@ -256,7 +166,7 @@ class _GroupSource:
             if pos is None:
                 pos = self._consumer.position(tp, timeout_ms=self.cfg.request_timeout_ms)
             if pos is not None and tp in ends:
-                out[_key(tp)] = max(0, ends[tp] - pos)
+                out[snapshot_key(tp)] = max(0, ends[tp] - pos)
         return out
 
     def close(self) -> None:
