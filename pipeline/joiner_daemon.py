@@ -28,7 +28,7 @@ from features.store import FeatureWriter, open_store
 from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.events import DeadLetter, Validator
-from pipeline.kafka_io import KafkaEventSource, KafkaSink, ensure_topics
+from pipeline.kafka_io import KafkaEventSource, KafkaSink, caught_up, ensure_topics
 from pipeline.partition_task import PartitionTask
 from pipeline.types import RawEvent, WallClock
 
@@ -100,7 +100,7 @@ class JoinerDaemon:
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
-        """Run until SIGTERM/SIGINT (or ``max_idle_s`` without input, for tests and backfills)."""
+        """Run until SIGTERM/SIGINT, or (tests, backfills) until caught up and ``max_idle_s`` idle."""
         signal.signal(signal.SIGTERM, lambda *_: self.source.stop())
         signal.signal(signal.SIGINT, lambda *_: self.source.stop())
         last_ckpt = last_input = time.monotonic()
@@ -116,7 +116,7 @@ class JoinerDaemon:
                 if now - last_ckpt >= self.cfg.daemon.checkpoint_every_s:
                     self.checkpoint()
                     last_ckpt = now
-                if max_idle_s is not None and now - last_input >= max_idle_s:
+                if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
                     break
         finally:
             self.checkpoint()  # a clean stop leaves nothing to replay

@@ -62,6 +62,7 @@ __all__ = [
     "KafkaSinkError",
     "KafkaUnavailableError",
     "RateLimiter",
+    "caught_up",
     "decode_example",
     "ensure_topics",
     "kafka_client_kwargs",
@@ -179,6 +180,16 @@ class _GroupSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def caught_up(source: _GroupSource) -> bool:
+    """This member owns partitions and has read each to its end (a rebalance still pending, or a
+    backlog, is not idleness: a daemon told to exit when idle must not stop then)."""
+    try:
+        lag = source.lag()
+    except Exception:  # the broker did not answer: not known to be caught up
+        return False
+    return bool(lag) and all(v == 0 for v in lag.values())
 
 
 class KafkaEventSource(_GroupSource):

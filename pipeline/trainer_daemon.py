@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
-from pipeline.kafka_io import KafkaExampleSource, KafkaSink, ensure_topics
+from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
@@ -205,7 +205,7 @@ class TrainerDaemon:
                         block_from = dict(self.pos)
                 if batch.dead:
                     self.dead.flush()
-                if max_idle_s is not None and now - last_input >= max_idle_s:
+                if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
                     break
         finally:
             self.source.close()
