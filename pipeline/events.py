@@ -75,6 +75,19 @@ class Impression:
     dense: dict[str, float] = field(default_factory=dict)
     model_version: str | None = None
 
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Impression:
+        """The inverse of :meth:`to_dict` for trusted, already validated data (checkpoints, examples)."""
+        return Impression(
+            d["impression_id"],
+            d["ts"],
+            d["user_id"],
+            d["item_id"],
+            d.get("features", {}),
+            d.get("dense", {}),
+            d.get("model_version"),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "impression_id": self.impression_id,
@@ -134,16 +147,7 @@ class LabelledExample:
     @staticmethod
     def from_json(data: bytes | str) -> LabelledExample:
         d = json.loads(data)
-        i = d["impression"]
-        imp = Impression(
-            i["impression_id"],
-            i["ts"],
-            i["user_id"],
-            i["item_id"],
-            i.get("features", {}),
-            i.get("dense", {}),
-            i.get("model_version"),
-        )
+        imp = Impression.from_dict(d["impression"])
         return LabelledExample(imp, d["label"], d["label_ts"], d.get("stream_features", {}))
 
 

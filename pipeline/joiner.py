@@ -258,15 +258,7 @@ class Joiner:
         self._pending.clear()
         self._pending_heap.clear()
         for imp_d, feats, click_ts in state["pending"]:
-            imp = Impression(
-                imp_d["impression_id"],
-                imp_d["ts"],
-                imp_d["user_id"],
-                imp_d["item_id"],
-                imp_d.get("features", {}),
-                imp_d.get("dense", {}),
-                imp_d.get("model_version"),
-            )
+            imp = Impression.from_dict(imp_d)
             self._pending[imp.impression_id] = _Pending(imp, feats, click_ts)
             self._pending_heap.append((imp.ts + self._window, imp.impression_id))
         heapq.heapify(self._pending_heap)
