@@ -15,8 +15,9 @@ __all__ = ["read_json", "replace_dir", "write_json"]
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
+    text = json.dumps(data, separators=(",", ":"))  # dumps, not dump: only dumps uses the C encoder
     with tmp.open("w") as f:
-        json.dump(data, f, separators=(",", ":"))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
