@@ -3,7 +3,9 @@
 ctr demo       the whole loop in one process on the drifting simulator (embedded profile)
 ctr simulate   write a simulated impression/click stream to a JSONL file
 ctr replay     run the loop over a JSONL or Avazu CSV file (embedded profile): a backtest
+ctr backtest   replay a log at full speed, compare online vs static vs FTRL, write a report
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
+ctr deploy install   lay out config, environment file, state folders and systemd units (pipeline/deploy.py)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import Config, ConfigError, load_config
 
 __all__ = ["main"]
 
@@ -61,7 +63,20 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--name", help="replica name (default: serve-<port>)")
 
+    b = sub.add_parser("backtest", help="replay a log through the live loop; report vs static and FTRL")
+    b.add_argument("--source", type=Path, help="file or folder (OBD: the dataset folder); not for simulator")
+    b.add_argument(
+        "--format", choices=["jsonl", "avazu", "criteo", "obd", "parquet", "simulator"], default="jsonl"
+    )
+    b.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
+    b.add_argument("--model", choices=["deepfm", "dcnv2", "lr"], help="default: config (deepfm)")
+    b.add_argument("--attribution-window", type=float, help="seconds (default: config, 900)")
+    b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
+    b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
+    b.add_argument("--out", type=Path, default=Path("runs/backtest"))
+
     sub.add_parser("config", help="print the effective configuration as JSON")
+    _deploy_parser(sub)
     return p
 
 
@@ -83,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "train_every", None):
         cfg.trainer.train_every = args.train_every
+    if cfg.daemon.log_format == "json":
+        from pipeline.logs import set_context, use_json_logs
+
+        use_json_logs(logging.INFO if args.verbose else logging.WARNING)
+        set_context(daemon=args.command)
 
     if args.command == "config":
         print(json.dumps(cfg.to_dict(), indent=2))
@@ -108,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run_replay(cfg, args.source, args.format, args.out)
         return 0
+    if args.command == "backtest":
+        return _backtest(cfg, args)
     if args.command == "produce":
         from pipeline.kafka_io import ensure_topics, publish_stream
         from pipeline.simulator import Simulator
@@ -127,12 +149,80 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(TrainerDaemon(cfg).run(max_idle_s=args.exit_when_idle)))
         return 0
+    if args.command == "deploy":
+        return _deploy(args)
     if args.command == "serve":
         from serving_bridge.process import run_replica
 
         run_replica(cfg, args.host, args.port, args.name or f"serve-{args.port}")
         return 0
     return 2  # pragma: no cover - argparse enforces the choices
+
+
+def _backtest(cfg: Config, args: argparse.Namespace) -> int:
+    from pipeline.backtest import open_source, run_backtest
+
+    cfg.trainer.model = args.model or cfg.trainer.model
+    cfg.trainer.seed = args.seed
+    if args.attribution_window is not None:
+        cfg.joiner.attribution_window_s = args.attribution_window
+    sim = args.format == "simulator"
+    try:
+        source = open_source(cfg, args.format, args.source, seed=args.seed, impressions=args.impressions)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ctr: {exc}", file=sys.stderr)
+        return 2
+    what = f"{args.impressions:,} simulated impressions" if sim else str(args.source)
+    title = f"{what} ({args.format}), {cfg.trainer.model}, a block every {cfg.trainer.train_every:,} examples"
+    extra = {"format": args.format, "source": "" if sim else str(args.source)}
+    if sim:
+        extra["impressions"] = args.impressions
+    run_backtest(cfg, source, args.out, title=title, seed=args.seed, extra=extra)
+    return 0
+
+
+def _deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dep = sub.add_parser("deploy", help="install the systemd services")
+    dep_sub = dep.add_subparsers(dest="action", required=True)
+    i = dep_sub.add_parser("install", help="lay out config, env file, folders and units under a prefix")
+    i.add_argument("--prefix", type=Path, required=True, help="/ on a host; a scratch folder to try")
+    i.add_argument("--user", required=True, help="the dedicated user the services run as")
+    i.add_argument("--group", help="default: the user's name")
+    i.add_argument("--unit-dir", type=Path, help="default: <prefix>/etc/systemd/system")
+    i.add_argument("--venv", type=Path, default=Path(sys.prefix), help="environment with ctr (default: ours)")
+    i.add_argument("--kafka-libs", type=Path, help="Kafka jars (default: what deploy/services.sh fetched)")
+    i.add_argument("--kafka-port", type=int, default=9092)
+    i.add_argument("--mlflow-port", type=int, default=5000)
+    i.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    i.add_argument("--serve-ports", default="8081,8082", help="one ctr-serve@<port> each, in ctr.target")
+    i.add_argument("--create-user", action="store_true", help="useradd --system the user if missing (root)")
+    i.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from pipeline.deploy import Installer, InstallOptions
+
+    try:
+        ports = tuple(int(p) for p in args.serve_ports.split(",") if p.strip())
+        opts = InstallOptions(
+            prefix=args.prefix,
+            user=args.user,
+            group=args.group,
+            unit_dir=args.unit_dir,
+            venv=args.venv,
+            kafka_libs=args.kafka_libs,
+            kafka_port=args.kafka_port,
+            mlflow_port=args.mlflow_port,
+            redis_url=args.redis_url,
+            serve_ports=ports,
+            create_user=args.create_user,
+            dry_run=args.dry_run,
+        )
+        Installer(opts).run()
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"ctr deploy: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BacktestConfig",
     "Config",
     "ConfigError",
     "DaemonConfig",
@@ -134,6 +135,25 @@ class SimulatorConfig:
 
 
 @dataclass
+class BacktestConfig:
+    # Labelled logs (Avazu, Criteo, OBD) become impressions plus clicks this much later (lognormal):
+    click_delay_median_s: float = 30.0  # median impression -> click delay
+    click_delay_sigma: float = 1.0  # lognormal shape of that delay
+    click_delay_max_s: float = 600.0  # cap; must not exceed joiner.attribution_window_s
+    criteo_rows_per_s: float = 76.0  # Criteo has no timestamps: synthetic clock (45.8M rows in 7 days)
+    criteo_start_ms: int = 1_767_225_600_000  # event time of Criteo's first row (2026-01-01Z)
+    criteo_user_field: str = ""  # a C1..C26 column used as user id; empty = one anonymous user
+    criteo_item_field: str = ""  # a C1..C26 column used as item id; empty = one anonymous item
+    ftrl_alpha: float = 0.1  # FTRL baseline: per-coordinate learning-rate scale
+    ftrl_beta: float = 1.0  # FTRL baseline: learning-rate smoothing
+    ftrl_l1: float = 1.0  # FTRL baseline: L1 (sparsity)
+    ftrl_l2: float = 1.0  # FTRL baseline: L2
+    ftrl_batch_size: int = 32  # FTRL baseline: rows per update (1 = the per-example textbook form)
+    bootstrap_resamples: int = 200  # resamples for the AUC confidence intervals (seeded by --seed)
+    register: bool = False  # publish every accepted version to the MLflow registry (slow, full lineage)
+
+
+@dataclass
 class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
     impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
@@ -168,6 +188,10 @@ class DaemonConfig:
     checkpoint_every_s: float = 5.0  # the joiner makes its output durable and commits this often
     idle_merge_s: float = 2.0  # a partition's stream silent this long stops holding back the other
     redis_url: str = "redis://127.0.0.1:16379/0"  # Feast online store and swap notifications
+    metrics_host: str = "127.0.0.1"  # where the joiner's and the trainer's /metrics listen
+    joiner_metrics_port: int = 0  # GET /metrics of `ctr joiner` (Prometheus text); 0 = off
+    trainer_metrics_port: int = 0  # GET /metrics of `ctr trainer`; 0 = off (replicas: their own port)
+    log_format: str = "text"  # text | json (one JSON object per line, for journald)
 
 
 @dataclass
@@ -181,6 +205,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    backtest: BacktestConfig = field(default_factory=BacktestConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
 

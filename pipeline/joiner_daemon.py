@@ -19,16 +19,19 @@ import functools
 import logging
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from kafka.errors import CommitFailedError
 
 from features.store import FeatureWriter, open_store
+from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.events import DeadLetter, Validator
 from pipeline.kafka_io import KafkaEventSource, KafkaSink, caught_up, ensure_topics
+from pipeline.metrics import Registry, serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.types import RawEvent, WallClock
 
@@ -66,6 +69,10 @@ class JoinerDaemon:
         self.counters = {"events": 0, "examples": 0, "dead_letters": 0, "checkpoints": 0}
         self._lag: dict[str, int] = {}
         self._lag_at = 0.0
+        self._metric_lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
+        self.dead_reasons: Counter[str] = Counter()
+        self.metrics = Registry()
+        self.metrics.on_scrape(self._collect_metrics)
 
     # -- tasks -----------------------------------------------------------------------------------
     def _task(self, partition: int) -> PartitionTask:
@@ -101,11 +108,21 @@ class JoinerDaemon:
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
         """Run until SIGTERM/SIGINT, or (tests, backfills) until caught up and ``max_idle_s`` idle."""
-        signal.signal(signal.SIGTERM, lambda *_: self.source.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.source.stop())
+
+        def stop(*_: Any) -> None:
+            systemd.stopping("joiner: stopping: flush, checkpoint, commit")
+            self.source.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
         last_ckpt = last_input = time.monotonic()
+        # consumer created, topics ensured, Feast store open: ready (systemd's Type=notify)
+        if self.cfg.daemon.joiner_metrics_port:
+            serve_metrics(self.metrics, self.cfg.daemon.metrics_host, self.cfg.daemon.joiner_metrics_port)
+        systemd.ready("joiner: consuming")
         try:
             for batch in self.source.batches():
+                systemd.watchdog()  # a poll returns every poll_timeout_ms even without input
                 now = time.monotonic()
                 if batch:
                     last_input = now
@@ -133,6 +150,7 @@ class JoinerDaemon:
             if isinstance(event, DeadLetter):
                 self.dead.write(event)
                 self.counters["dead_letters"] += 1
+                self.dead_reasons[event.reason] += 1
                 task.offer(raw.kind, raw.offset, None)
             else:
                 task.offer(raw.kind, raw.offset, event)
@@ -145,9 +163,15 @@ class JoinerDaemon:
             raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
             self.dead.write(self.validator.dead_letter(raw, rej.reason, rej.detail))
             self.counters["dead_letters"] += 1
+            self.dead_reasons[rej.reason] += 1
 
     def checkpoint(self) -> None:
         """Make everything durable, in the order that makes a crash at any point harmless."""
+        started = time.monotonic()
+        try:  # fresh lag for /metrics (the metrics thread must not touch the consumer itself)
+            self._metric_lag = self.source.lag()  # its own field: _at_end's cache stays as it was
+        except Exception:
+            log.debug("joiner: lag unavailable for metrics", exc_info=True)
         self.examples.flush()
         self.dead.flush()
         commit: dict[str, Any] = {}
@@ -157,9 +181,44 @@ class JoinerDaemon:
             write_json(self.state_dir / f"p{p}.json", state)
             for kind, off in state["next_offsets"].items():
                 commit[f"{self.topic_of[kind]}:{p}"] = off
+        logs.set_context(offsets=commit)
         if commit:
             try:
                 self.source.commit(commit)
             except CommitFailedError:  # a rebalance is under way: the checkpoint files still hold
                 log.warning("joiner: offset commit refused during a rebalance; checkpoints kept")
         self.counters["checkpoints"] += 1
+        self.metrics.histogram(
+            "ctr_joiner_checkpoint_seconds",
+            "flush + feature push + checkpoint + commit",
+            (0.1, 0.5, 1, 2, 5, 10, 30),
+        ).observe(time.monotonic() - started)
+        c = self.counters
+        systemd.status(
+            f"joiner: {c['events']} events, {c['examples']} examples, {c['dead_letters']} dead letters, "
+            f"{len(self.tasks)} partitions"
+        )
+
+    def _collect_metrics(self) -> None:
+        """Scrape time (metrics thread): read the counters and the lag the last checkpoint measured."""
+        m, c = self.metrics, self.counters
+        m.counter("ctr_joiner_events_total", "raw impressions and clicks read").set(c["events"])
+        m.counter("ctr_joiner_examples_total", "labelled examples produced").set(c["examples"])
+        m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
+            c["checkpoints"]
+        )
+        for reason, n in list(self.dead_reasons.items()):
+            m.counter("ctr_dead_letters_total", "dead letters by reason", daemon="joiner", reason=reason).set(
+                n
+            )
+        m.clear("ctr_consumer_lag")
+        for tp, lag in sorted(self._metric_lag.items()):
+            topic, partition = tp.rsplit(":", 1)
+            m.gauge(
+                "ctr_consumer_lag",
+                "end offset - next offset",
+                daemon="joiner",
+                topic=topic,
+                partition=partition,
+            ).set(lag)
+        m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

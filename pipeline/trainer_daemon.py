@@ -22,13 +22,16 @@ import logging
 import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
+from pipeline.metrics import Registry, serve_metrics
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
@@ -73,6 +76,11 @@ class IdempotentStore:
                 if self.daemon.stopping:
                     raise
                 log.warning("trainer: registration failed; retrying in %.0fs", delay, exc_info=True)
+                # waiting on MLflow is not a hang: keep the watchdog fed (and, while starting up,
+                # the start timeout extended) instead of having systemd restart us into the same wait
+                systemd.status(f"trainer: MLflow registration failed; retrying in {delay:.0f}s")
+                systemd.watchdog()
+                systemd.extend_timeout(delay + 60)
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -122,6 +130,10 @@ class TrainerDaemon:
         self.source = KafkaExampleSource(k, group_id=f"{k.group_id_prefix}-trainer")
         self.source.seek(self.pos)
         self.dead = KafkaSink(k, k.dead_letter_topic)
+        self.metrics = Registry()
+        self.metrics.on_scrape(self._collect_metrics)
+        self._metric_lag: dict[str, int] = {}  # per partition, measured after each block
+        self.dead_reasons: Counter[str] = Counter()
         if meta.get("pending"):
             self._finish_pending(meta["pending"])
 
@@ -172,6 +184,7 @@ class TrainerDaemon:
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
         def stop(*_: Any) -> None:
+            systemd.stopping("trainer: stopping after the current batch")
             self.stopping = True
             self.source.stop()
 
@@ -179,14 +192,20 @@ class TrainerDaemon:
         signal.signal(signal.SIGINT, stop)
         last_input = time.monotonic()
         block_from = dict(self.pos)
+        # MLflow reached, checkpoint loaded, a pending registration finished, consumer created
+        if self.cfg.daemon.trainer_metrics_port:
+            serve_metrics(self.metrics, self.cfg.daemon.metrics_host, self.cfg.daemon.trainer_metrics_port)
+        systemd.ready(f"trainer: consuming; champion {self.trainer.champion_version}")
         try:
             for batch in self.source.batches():
+                systemd.watchdog()  # training a block happens inside one iteration: WatchdogSec covers it
                 now = time.monotonic()
                 if batch.examples or batch.dead:
                     last_input = now
                 for letter in batch.dead:
                     self.dead.write(letter)
                     self.counters["dead_letters"] += 1
+                    self.dead_reasons[letter.reason] += 1
                 for ex, (tp, offset) in zip(batch.examples, batch.where, strict=True):
                     if offset < self.pos.get(tp, 0):
                         continue  # before our checkpoint: a rewind re-delivered it
@@ -226,8 +245,64 @@ class TrainerDaemon:
         )
         if report.version is not None:
             self._announce()
+        self._block_metrics(report)
+        logs.set_context(version=self.trainer.champion_version, offsets=dict(self.pos))
+        systemd.status(
+            f"trainer: block {report.index} {'accepted' if report.decision.accepted else 'refused'}; "
+            f"champion {self.trainer.champion_version}; {self.counters['examples']} examples"
+        )
 
     def _prune_seen(self, newest_ts: int) -> None:
         """Forget ids far older than anything a joiner replay can re-send."""
         horizon = newest_ts - int(2 * (self.cfg.joiner.attribution_window_s + 3_600) * 1000)
         self.seen = {k: ts for k, ts in self.seen.items() if ts >= horizon}
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def _block_metrics(self, report: Any) -> None:
+        m = self.metrics
+        decision = "accepted" if report.decision.accepted else "refused"
+        m.counter("ctr_trainer_blocks_total", "blocks trained, by gate decision", decision=decision).inc()
+        m.histogram(
+            "ctr_trainer_block_train_seconds",
+            "fine-tuning time of one block",
+            (1, 2, 5, 10, 30, 60, 120, 300),
+        ).observe(report.train_seconds)
+        m.gauge("ctr_trainer_examples_per_second", "training throughput of the last block").set(
+            report.examples_per_s
+        )
+        m.gauge("ctr_trainer_block_event_time_max_seconds", "newest impression time of the last block").set(
+            report.event_time_max / 1000
+        )
+        for name in ("auc", "logloss"):
+            if name in report.online:
+                m.gauge(
+                    f"ctr_trainer_progressive_{name}", "the champion on the last block, before learning it"
+                ).set(report.online[name])
+        try:  # measured here, on the main thread: the metrics thread must not touch the consumer
+            self._metric_lag = self.source.lag()
+        except Exception:
+            log.debug("trainer: lag unavailable for metrics", exc_info=True)
+
+    def _collect_metrics(self) -> None:
+        m, c = self.metrics, self.counters
+        m.counter("ctr_trainer_examples_total", "new examples read (duplicates excluded)").set(c["examples"])
+        m.counter("ctr_trainer_duplicates_total", "examples dropped as joiner replays").set(c["duplicates"])
+        for reason, n in list(self.dead_reasons.items()):
+            m.counter(
+                "ctr_dead_letters_total", "dead letters by reason", daemon="trainer", reason=reason
+            ).set(n)
+        version = self.trainer.champion_version
+        if version is not None and str(version).isdigit():
+            m.gauge("ctr_trainer_champion_version", "the registered version the trainer fine-tunes").set(
+                int(version)
+            )
+        m.clear("ctr_consumer_lag")
+        for tp, lag in sorted(self._metric_lag.items()):
+            topic, partition = tp.rsplit(":", 1)
+            m.gauge(
+                "ctr_consumer_lag",
+                "end offset - next offset",
+                daemon="trainer",
+                topic=topic,
+                partition=partition,
+            ).set(lag)

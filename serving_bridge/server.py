@@ -5,6 +5,7 @@ Minimal JSON API (the full scoring API with OpenAPI, metrics and A/B comes with 
 - ``GET /healthz`` 200 while the process runs;
 - ``GET /readyz`` 200 once a model is loaded, else 503;
 - ``GET /version`` the version this replica serves;
+- ``GET /metrics`` Prometheus text: served version, swaps, requests by code, latency histogram;
 - ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str]}`` ->
   ``{"version", "replica", "probabilities"}``; bad input gets 400 with a message.
 
@@ -18,12 +19,15 @@ import json
 import logging
 import signal
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kafka.partitioner.default import murmur2
 
+from pipeline import logs, systemd
+from pipeline.metrics import CONTENT_TYPE, Registry
 from serving_bridge.replica import Replica
 
 __all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "kafka_partition", "listen_for_swaps"]
@@ -65,17 +69,58 @@ class ReplicaServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.replica = replica
         self.max_candidates = max_candidates
+        self._status_version: str | None = None  # the version last reported to systemd
+        self.metrics = Registry()
+        self.metrics.on_scrape(self._collect_metrics)
+
+    def _collect_metrics(self) -> None:
+        m, r = self.metrics, self.replica
+        version = r.version
+        m.clear("ctr_serving_version")  # one series: the version served now
+        if version is not None:
+            # the version as a label (registry versions are strings) and, when numeric, as the value
+            m.gauge(
+                "ctr_serving_version",
+                "the model version this replica serves",
+                replica=r.name,
+                version=version,
+            ).set(int(version) if version.isdigit() else 1)
+        m.gauge("ctr_serving_ready", "1 once a model is loaded", replica=r.name).set(int(r.ready))
+        m.counter("ctr_serving_swaps_total", "hot swaps to a new version", replica=r.name).set(len(r.swaps))
+        m.counter("ctr_serving_load_errors_total", "versions that failed to load", replica=r.name).set(
+            r.load_errors
+        )
+        if r.swaps:
+            m.gauge(
+                "ctr_serving_last_swap_timestamp_seconds", "wall time of the last swap", replica=r.name
+            ).set(r.swaps[-1][1])
 
     def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT; in-flight requests finish before the process exits."""
 
         def stop(*_: Any) -> None:
+            systemd.stopping("serve: stopping after in-flight requests")
             threading.Thread(target=self.shutdown, daemon=True).start()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        # Ready = the port is bound (it is, since __init__). Not "a model is loaded": on a fresh
+        # deployment no champion exists yet, and systemd would fail the start. Load balancers ask
+        # GET /readyz, which answers 503 until a model is loaded.
+        host, port = self.server_address[:2]
+        systemd.ready(f"serve: listening on {host!s}:{port}; version {self.replica.version}")
+        self._status_version = self.replica.version
         self.serve_forever(poll_interval=0.2)
         self.server_close()
+
+    def service_actions(self) -> None:
+        """Called by ``serve_forever`` on every poll: feed the watchdog, report a swap."""
+        systemd.watchdog()
+        version = self.replica.version
+        if version != self._status_version:
+            self._status_version = version
+            logs.set_context(version=version)
+            systemd.status(f"serve: serving version {version}")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -101,10 +146,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if ready else 503, {"ready": ready, "version": replica.version})
         elif self.path == "/version":
             self._send(200, {"version": replica.version, "replica": replica.name})
+        elif self.path == "/metrics":
+            data = self.server.metrics.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
-            self._send(404, {"error": f"no route {self.path}; try /score, /version, /readyz"})
+            self._send(404, {"error": f"no route {self.path}; try /score, /version, /readyz, /metrics"})
 
     def do_POST(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._post()
+        finally:
+            m = self.server.metrics
+            m.histogram("ctr_serving_request_seconds", "POST /score latency").observe(
+                time.perf_counter() - started
+            )
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        if self.command == "POST":  # count every answer to /score by status code
+            self.server.metrics.counter(
+                "ctr_serving_requests_total", "POST requests", code=str(int(code))
+            ).inc()
+        super().send_response(code, message)
+
+    def _post(self) -> None:
         if self.path != "/score":
             self._send(404, {"error": f"no route {self.path}; POST /score"})
             return
