@@ -63,7 +63,9 @@ def listen_for_swaps(redis_url: str, replica: Replica, stop: threading.Event) ->
 
 
 class ReplicaServer(ThreadingHTTPServer):
-    daemon_threads = True
+    # Request threads are joined on close: in-flight requests finish before the process exits.
+    daemon_threads = False
+    block_on_close = True
 
     def __init__(self, host: str, port: int, replica: Replica, max_candidates: int) -> None:
         super().__init__((host, port), _Handler)

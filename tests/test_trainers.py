@@ -18,7 +18,7 @@ from pipeline.events import Impression
 from pipeline.types import Learner
 from trainers.encoding import MISSING, Encoder, stable_hash
 from trainers.gate import gate
-from trainers.incremental import IncrementalTrainer
+from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.metrics import auc, block_metrics, calibration, logloss, normalized_entropy
 from trainers.models import MODELS
@@ -270,3 +270,68 @@ def test_report_is_json_able():
     d = report.to_dict()
     json.dumps(d)
     assert {f.name for f in dataclasses.fields(report)} <= set(d)
+
+
+# -- DCN-V2 specifics (the contract suite above runs it like every model) ----------------------------
+def test_dcnv2_shares_the_hashed_embedding_and_records_its_cross_layers(train_set):
+    from trainers.models import HashedEmbedding
+
+    lrn = learner("dcnv2", train_set)
+    assert isinstance(lrn.model.embedding, HashedEmbedding) and lrn.model.embedding.table.sparse
+    assert lrn.model_spec["cross_layers"] == 3 and len(lrn.model.cross) == 3  # type: ignore[arg-type]
+    assert "cross_layers" not in learner("deepfm", train_set).model_spec
+
+
+# -- FTRL-Proximal baseline ------------------------------------------------------------------------
+def ftrl_data(train_set, test_set):
+    enc = Encoder(BUCKETS).fit(train_set)
+    return enc, enc.encode(train_set), enc.encode(test_set)
+
+
+def test_ftrl_learns_unseen_data_and_is_deterministic(train_set, test_set):
+    from trainers.ftrl import FtrlLearner
+
+    enc, train, test = ftrl_data(train_set, test_set)
+    a, b = FtrlLearner(BUCKETS), FtrlLearner(BUCKETS, encoder=enc)
+    assert isinstance(a, Learner)
+    assert np.all(a.predict(test) == 0.5)  # nothing learned yet: every coordinate is 0
+    assert test.labels is not None
+    prior = logloss(test.labels, np.full(len(test), test.labels.mean()))
+    a.learn(train), b.learn(train_set)  # an EncodedBatch, or examples through the encoder
+    p = a.predict(test)
+    assert np.array_equal(p, b.predict(test_set))
+    assert logloss(test.labels, p) < prior and auc(test.labels, p) > 0.6
+    assert 0 < a.nonzero_weights < BUCKETS
+
+
+def test_ftrl_per_example_and_minibatch_agree_roughly_and_inputs_are_checked(train_set, test_set):
+    from trainers.ftrl import FtrlLearner
+
+    _, train, test = ftrl_data(train_set, test_set)
+    one, many = FtrlLearner(BUCKETS, batch_size=1), FtrlLearner(BUCKETS, batch_size=64)
+    one.learn(train[:2_000]), many.learn(train[:2_000])
+    assert test.labels is not None
+    assert abs(auc(test.labels, one.predict(test)) - auc(test.labels, many.predict(test))) < 0.03
+    with pytest.raises(ValueError, match="dense inputs"):
+        one.predict(test[:5].__class__(test.ids[:5], test.dense[:5, :1]))
+    with pytest.raises(ValueError, match="no labels"):
+        one.learn(test[:5].__class__(test.ids[:5], test.dense[:5]))
+    with pytest.raises(TypeError, match="encoder"):
+        one.predict(test_set[:5])
+
+
+# -- baselines inside the incremental loop ---------------------------------------------------------
+def test_baselines_are_scored_on_the_same_blocks_before_learning_them():
+    from trainers.ftrl import FtrlLearner
+
+    seen: list[BlockScores] = []
+    ftrl = FtrlLearner(BUCKETS)
+    trainer = IncrementalTrainer(small_cfg("lr"), None, baselines={"ftrl": ftrl}, on_scores=seen.append)
+    first, second = trainer.add(stream(4_000))
+    assert first.baselines["ftrl"]["auc"] == 0.5  # block 1: nothing learned, every score 0.5
+    assert second.baselines["ftrl"]["count"] == second.examples and ftrl.examples_learned == 4_000
+    assert [sorted(s.scores) for s in seen] == [["ftrl", "online"], ["ftrl", "online", "static"]]
+    assert block_metrics(seen[1].labels, seen[1].scores["ftrl"]) == second.baselines["ftrl"]
+    assert block_metrics(seen[1].labels, seen[1].scores["static"]) == second.static
+    with pytest.raises(ValueError, match="online"):
+        IncrementalTrainer(small_cfg("lr"), None, baselines={"online": ftrl})

@@ -10,6 +10,11 @@ For each block (examples ordered by impression time, stable):
 4. if accepted, **publish** it with its lineage, move the champion alias, and make it the champion;
    if refused, the champion stays and the report says why.
 
+Baselines (optional, for backtests): extra learners that score every block progressively beside the
+champion (before learning it, on exactly the same encoded rows), then learn the whole block; their
+metrics land in :attr:`BlockReport.baselines`, and ``on_scores`` receives every block's labels and
+each learner's scores (e.g. for bootstrap confidence intervals over examples).
+
 Block 1 has no champion: the encoder schema is fitted on the block's field names (never labels),
 the untrained initial model does the progressive scoring, and the gate accepts any finite candidate.
 
@@ -24,18 +29,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from pipeline.config import TrainerConfig
 from pipeline.events import LabelledExample
-from trainers.encoding import Encoder
+from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate
 from trainers.learner import TorchLearner
 from trainers.metrics import block_metrics
 
-__all__ = ["AliasStore", "BlockReport", "IncrementalTrainer"]
+__all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
 
 
 @runtime_checkable
@@ -49,6 +56,26 @@ class AliasStore(Protocol):
     def load(self, version: str) -> Any: ...
 
     def set_alias(self, alias: str, version: str) -> None: ...
+
+
+@runtime_checkable
+class BaselineLearner(Protocol):
+    """A reference learner scored beside the champion (e.g. :class:`trainers.ftrl.FtrlLearner`)."""
+
+    def learn(self, examples: EncodedBatch) -> float: ...
+
+    def predict(self, examples: EncodedBatch) -> np.ndarray: ...
+
+
+@dataclass
+class BlockScores:
+    """One block's labels and every learner's progressive scores (``static`` absent in block 1)."""
+
+    index: int
+    labels: np.ndarray  # float32 0/1, in the block's (impression-time) order
+    scores: dict[str, np.ndarray]  # learner name ("online", "static", baselines) -> probabilities
+    event_time_min: int
+    event_time_max: int
 
 
 @dataclass
@@ -72,6 +99,7 @@ class BlockReport:
     examples_per_s: float  # training examples per second of train_seconds
     publish_seconds: float  # 0 when nothing was published
     position: Any = None  # the caller's source position when the block closed
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> progressive metrics
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
@@ -104,16 +132,23 @@ class IncrementalTrainer:
         alias: str = "champion",
         champion: TorchLearner | None = None,
         resume: bool = True,
+        baselines: Mapping[str, BaselineLearner] | None = None,
+        on_scores: Callable[[BlockScores], None] | None = None,
     ) -> None:
         """``store=None`` trains and gates without publishing (versions stay None).
 
         ``champion``: start from this learner (treated as an accepted champion); otherwise, with
-        ``resume``, from the version the store's ``alias`` points at, if any.
+        ``resume``, from the version the store's ``alias`` points at, if any. ``baselines`` and
+        ``on_scores``: see the module docstring (names must not be ``online`` or ``static``).
         """
         if not 0.0 < cfg.holdout_fraction < 1.0:
             raise ValueError(f"TrainerConfig.holdout_fraction must be in (0, 1), got {cfg.holdout_fraction}")
         if cfg.train_every < 2:
             raise ValueError(f"TrainerConfig.train_every must be >= 2, got {cfg.train_every}")
+        self.baselines = dict(baselines or {})
+        if {"online", "static"} & set(self.baselines):
+            raise ValueError("IncrementalTrainer: baselines may not be named 'online' or 'static'")
+        self.on_scores = on_scores
         self.cfg = cfg
         self.store = store
         self.alias = alias
@@ -180,7 +215,11 @@ class IncrementalTrainer:
         y = batch.labels
         p_online = champion.predict(batch)
         online = block_metrics(y, p_online)
-        static = block_metrics(y, self.static.predict(batch)) if self.static is not None else None
+        p_static = self.static.predict(batch) if self.static is not None else None
+        static = block_metrics(y, p_static) if p_static is not None else None
+        p_base = {name: b.predict(batch) for name, b in self.baselines.items()}
+        for b in self.baselines.values():
+            b.learn(batch)  # the whole block, holdout included: a reference learner needs no gate
 
         n = len(batch)
         n_hold = min(n - 1, max(1, round(n * self.cfg.holdout_fraction)))
@@ -215,7 +254,11 @@ class IncrementalTrainer:
             examples_per_s=len(train) / train_s if train_s > 0 else float("inf"),
             publish_seconds=0.0,
             position=self._position,
+            baselines={name: block_metrics(y, p) for name, p in p_base.items()},
         )
+        if self.on_scores is not None:
+            scores = {"online": p_online} | ({"static": p_static} if p_static is not None else {}) | p_base
+            self.on_scores(BlockScores(self.blocks, y, scores, report.event_time_min, report.event_time_max))
         if decision.accepted:
             if self.store is not None:
                 start = time.perf_counter()
