@@ -1,0 +1,246 @@
+"""``ctr backtest``: replay a log at full speed through the live loop and compare with baselines.
+
+The replay is :class:`~pipeline.loop.OnlineLoop` itself (validation, joiner, streaming features,
+:class:`~trainers.incremental.IncrementalTrainer`) on the source's simulated event-time clock; only
+the adapters differ from the demo: dead letters go to ``<out>/dead_letters.jsonl``, no Feast push
+and no serving fleet (nothing reads them in a replay), and model versions are numbered locally
+unless ``cfg.backtest.register`` publishes each one to the MLflow registry.
+
+Three learners are scored progressively on exactly the same blocks (each block before learning it):
+
+- ``online``: the champion, fine-tuned every ``cfg.trainer.train_every`` examples and gated;
+- ``static``: the same model frozen after block 1 (what freshness buys);
+- ``ftrl``: FTRL-Proximal logistic regression over the same hashed features
+  (:mod:`trainers.ftrl`), the classic online reference; it learns every block entirely.
+
+The report (:mod:`pipeline.backtest_report`) goes to ``--out``; the run ends by printing
+throughput in examples per second.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from pipeline import backtest_report as report
+from pipeline.config import Config
+from pipeline.loop import OnlineLoop
+from pipeline.parquet_source import ParquetSource
+from pipeline.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
+from pipeline.simulator import Simulator
+from pipeline.sinks import JsonlDeadLetters
+from pipeline.sources import AvazuCsvSource, JsonlSource, SimulatorSource
+from pipeline.types import Source
+from trainers.ftrl import FtrlLearner, FtrlParams
+from trainers.incremental import BlockReport, BlockScores, IncrementalTrainer
+
+__all__ = ["FORMATS", "BacktestResult", "LocalVersions", "open_source", "run_backtest"]
+
+FORMATS = ("jsonl", "avazu", "criteo", "obd", "parquet", "simulator")
+LEARNERS = ("online", "static", "ftrl")
+_SUFFIXES = {"jsonl": (".jsonl",), "criteo": (".txt", ".tsv", ".gz"), "parquet": (".parquet",)}
+
+
+@dataclass
+class BacktestResult:
+    summary: dict[str, Any]
+    out: Path
+
+
+class LocalVersions:
+    """A model store that only numbers accepted versions (``"1"``, ``"2"``, ...) and moves an alias.
+
+    A replay does not need every version's weights; with ``cfg.backtest.register`` the real MLflow
+    registry is used instead and the numbers match what it would assign in a fresh registry.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.aliases: dict[str, str] = {}
+
+    def publish(self, model: Any, lineage: Any, metrics: Any) -> str:
+        self.count += 1
+        return str(self.count)
+
+    def set_alias(self, alias: str, version: str) -> None:
+        self.aliases[alias] = version
+
+    def resolve(self, alias: str) -> str | None:
+        return self.aliases.get(alias)
+
+    def load(self, version: str) -> Any:
+        raise KeyError(f"LocalVersions keeps no weights (version {version}); set backtest.register")
+
+
+def _files(path: Path, fmt: str) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES[fmt]))
+    if not files:
+        raise FileNotFoundError(f"backtest: no {'/'.join(_SUFFIXES[fmt])} files in {path}")
+    return files
+
+
+def open_source(cfg: Config, fmt: str, path: Path | None, *, seed: int, impressions: int) -> Source:
+    """The source for ``--format``: a file or folder, or the simulator (``impressions``, ``seed``)."""
+    if fmt == "simulator":
+        return SimulatorSource(Simulator(cfg.simulator, seed), impressions)
+    if fmt not in FORMATS:
+        raise ValueError(f"backtest: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    if path is None or not path.exists():
+        raise FileNotFoundError(f"backtest: --source {path} does not exist (needed for --format {fmt})")
+    b = cfg.backtest
+    delay = ClickDelay(b.click_delay_median_s, b.click_delay_sigma, b.click_delay_max_s)
+    if fmt in ("avazu", "criteo", "obd") and delay.max_s > cfg.joiner.attribution_window_s:
+        raise ValueError(
+            f"backtest: click_delay_max_s {delay.max_s:g} exceeds the attribution window "
+            f"{cfg.joiner.attribution_window_s:g}s: known positives would become negatives"
+        )
+    if fmt == "avazu":
+        return AvazuCsvSource(
+            path,
+            click_delay_median_s=delay.median_s,
+            click_delay_max_s=delay.max_s,
+            click_delay_sigma=delay.sigma,
+            seed=seed,
+        )
+    if fmt == "obd":
+        return ObdCsvSource(path, delay=delay, seed=seed)
+    if fmt == "criteo":
+        return CriteoTsvSource(
+            _files(path, fmt),
+            start_ms=b.criteo_start_ms,
+            rows_per_s=b.criteo_rows_per_s,
+            user_field=b.criteo_user_field,
+            item_field=b.criteo_item_field,
+            delay=delay,
+            seed=seed,
+        )
+    if fmt == "parquet":
+        return ParquetSource(_files(path, fmt))
+    return JsonlSource(_files(path, fmt))
+
+
+def run_backtest(
+    cfg: Config,
+    source: Source,
+    out: Path,
+    *,
+    title: str,
+    seed: int,
+    quiet: bool = False,
+    mlflow_run: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> BacktestResult:
+    """Replay ``source`` through :class:`OnlineLoop` with the three learners; write the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    wall0 = time.perf_counter()
+    b = cfg.backtest
+    store: Any = LocalVersions()
+    if b.register:
+        from trainers.registry import MlflowModelStore
+
+        store = MlflowModelStore.embedded(cfg.registry, out)
+    ftrl = FtrlLearner(
+        cfg.trainer.hash_buckets,
+        FtrlParams(alpha=b.ftrl_alpha, beta=b.ftrl_beta, l1=b.ftrl_l1, l2=b.ftrl_l2),
+        batch_size=b.ftrl_batch_size,
+    )
+    scores: list[BlockScores] = []
+    trainer = IncrementalTrainer(
+        cfg.trainer,
+        store,
+        alias=cfg.registry.champion_alias,
+        resume=False,
+        baselines={"ftrl": ftrl},
+        on_scores=scores.append,
+    )
+    rows: list[dict[str, Any]] = []
+    progress = tqdm(
+        desc="backtest", unit="ev", unit_scale=True, file=sys.stderr, mininterval=1.0, disable=quiet or None
+    )
+
+    def on_report(r: BlockReport) -> None:
+        rows.append(report.block_row(r, LEARNERS))
+        progress.set_postfix_str(f"block {r.index} online AUC {r.online['auc']:.4f}", refresh=False)
+
+    (out / "dead_letters.jsonl").unlink(missing_ok=True)
+    dead = JsonlDeadLetters(out / "dead_letters.jsonl")
+    loop = OnlineLoop(
+        cfg,
+        source,
+        trainer,
+        dead,
+        on_block=lambda t: on_report(t.report),
+        on_progress=progress.update,
+    )
+    say(f"backtest: {title}; output in {out}")
+    try:
+        result = loop.run()
+        for r in trainer.flush():  # the last, partial block is scored too: every example counts
+            on_report(r)
+    finally:
+        progress.close()
+        dead.close()
+    loop_s = time.perf_counter() - wall0
+    summary: dict[str, Any] = {
+        "title": title,
+        "blocks": len(rows),
+        "examples": result.examples,
+        "events": result.events,
+        "dead_letters": result.dead_letters,
+        "versions": sum(1 for r in rows if r["version"]),
+        **report.summarize(scores, LEARNERS, resamples=b.bootstrap_resamples, seed=seed),
+        "loop_s": loop_s,
+        "examples_per_s": result.examples / loop_s if loop_s > 0 else 0.0,
+        "events_per_s": result.events / loop_s if loop_s > 0 else 0.0,
+        "join_stats": result.join_stats,
+        "model": cfg.trainer.model,
+        "train_every": cfg.trainer.train_every,
+        "attribution_window_s": cfg.joiner.attribution_window_s,
+        "seed": seed,
+        **(extra or {}),
+        "config": cfg.to_dict(),
+    }
+    files = [report.write_csv(rows, out / "metrics.csv")]
+    files += report.write_plots(rows, LEARNERS, out)
+    files.append(report.write_html(summary, rows, files[1:], out))
+    summary["wall_s"] = time.perf_counter() - wall0
+    files.append(report.dump_json(summary, out / "summary.json"))
+    if mlflow_run:
+        uri = cfg.registry.tracking_uri or f"sqlite:///{(out / 'mlflow.db').resolve()}"
+        params = {k: summary[k] for k in ("model", "train_every", "attribution_window_s", "seed")} | (
+            extra or {}
+        )
+        name = f"backtest-{(extra or {}).get('format', 'source')}-{cfg.trainer.model}"
+        run = report.log_mlflow_run(
+            uri, f"{cfg.registry.experiment}-backtest", name, params, rows, summary, files
+        )
+        say(f"MLflow run {run} in {uri}")
+    _print_summary(summary, say)
+    return BacktestResult(summary, out)
+
+
+def _print_summary(s: dict[str, Any], say: Any) -> None:
+    def f(x: Any) -> str:
+        return "-" if x is None or x != x else f"{x:.4f}"
+
+    say(f"{'learner':>8} {'AUC':>7} {'95% CI':>17} {'logloss':>8} {'NE':>7} {'calib':>7}")
+    for name, v in s["learners"].items():
+        ci = f"[{f(v['auc_ci95'][0])}, {f(v['auc_ci95'][1])}]"
+        ll, ne, cal = f(v["logloss"]), f(v["ne"]), f(v["calibration"])
+        say(f"{name:>8} {f(v['auc']):>7} {ci:>17} {ll:>8} {ne:>7} {cal:>7}")
+    for name, m in s["margins"].items():
+        lo, hi = (f(x) for x in m["auc_ci95"])
+        say(f"margin {name}: AUC {m['auc']:+.4f} (95% CI {lo}..{hi}), logloss {m['logloss']:+.4f}")
+    say(
+        f"{s['blocks']} blocks, {s['examples']:,} examples ({s['events']:,} events, "
+        f"{s['dead_letters']:,} dead letters) "
+        f"in {s['loop_s']:.1f}s: {s['examples_per_s']:,.0f} examples/s"
+    )

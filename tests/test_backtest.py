@@ -1,0 +1,165 @@
+"""`ctr backtest`: the live loop replayed with baselines, its report, determinism, real OBD logs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from pipeline.backtest import BacktestResult, open_source, run_backtest
+from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
+from pipeline.cli import main
+from pipeline.config import Config
+from trainers.metrics import auc
+
+OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
+LEARNERS = ("online", "static", "ftrl")
+
+
+def drifting_config() -> Config:
+    """The drifting simulator at a test's scale: 100 users and 40 items (so a 10k block holds ~100
+    impressions per user, as 100k blocks do for the heaviest users of the default 5,000), interests
+    with a 1 h half-life, the default shifts (10% of users every 30 min), and a trainer sized for
+    a 2-core CPU. The small blocks get a smaller batch and higher learning rates (more steps per
+    block); FTRL keeps its defaults."""
+    cfg = Config()
+    s = cfg.simulator
+    s.users, s.items, s.events_per_s, s.drift_half_life_s = 100, 40, 10.0, 3_600.0
+    t = cfg.trainer
+    t.train_every, t.hash_buckets, t.batch_size, t.embedding_dim, t.hidden = 10_000, 1 << 14, 256, 8, (32, 16)
+    t.lr_dense, t.lr_sparse, t.device = 3e-3, 2e-2, "cpu"
+    cfg.backtest.bootstrap_resamples = 100
+    return cfg
+
+
+def simulate(cfg: Config, out: Path, impressions: int, seed: int) -> BacktestResult:
+    source = open_source(cfg, "simulator", None, seed=seed, impressions=impressions)
+    return run_backtest(cfg, source, out, title="test", seed=seed, quiet=True, mlflow_run=False)
+
+
+@pytest.fixture(scope="module")
+def drifting_run(tmp_path_factory: pytest.TempPathFactory) -> BacktestResult:
+    return simulate(drifting_config(), tmp_path_factory.mktemp("drift"), 100_000, seed=11)
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[BacktestResult, BacktestResult]:
+    base = tmp_path_factory.mktemp("twins")
+    cfg = drifting_config()
+    cfg.trainer.train_every = 3_000
+    return simulate(cfg, base / "a", 12_000, seed=5), simulate(cfg, base / "b", 12_000, seed=5)
+
+
+def test_online_beats_static_and_ftrl_on_the_drifting_simulator(drifting_run: BacktestResult) -> None:
+    s = drifting_run.summary
+    assert s["blocks"] == 10 and s["examples"] == 100_000 and s["evaluated_blocks"] == list(range(2, 11))
+    for other in ("static", "ftrl"):
+        m = s["margins"][f"online_vs_{other}"]
+        assert m["auc"] > 0.01 and m["auc_ci95"][0] > 0, (other, m)  # the paired CI excludes 0
+        assert m["logloss"] > 0, (other, m)
+    for name in LEARNERS:
+        lo, hi = s["learners"][name]["auc_ci95"]
+        assert lo < s["learners"][name]["auc"] < hi
+
+
+def test_the_same_inputs_and_seed_give_an_identical_metrics_csv(
+    twin_runs: tuple[BacktestResult, ...],
+) -> None:
+    a, b = ((r.out / "metrics.csv").read_bytes() for r in twin_runs)
+    assert a == b
+    rows = list(csv.DictReader(a.decode().splitlines()))
+    assert [int(r["block"]) for r in rows] == [1, 2, 3, 4]
+    assert {f"{n}_{m}" for n in LEARNERS for m in ("auc", "logloss", "ne", "calibration")} <= set(rows[0])
+    assert rows[0]["static_auc"] == "nan" and rows[1]["scored_by_version"] == rows[0]["version"] == "1"
+    assert int(rows[1]["event_time_min"]) >= int(rows[0]["event_time_min"])
+    assert twin_runs[0].summary["learners"] == twin_runs[1].summary["learners"]
+
+
+def test_report_files(twin_runs: tuple[BacktestResult, ...]) -> None:
+    out = twin_runs[0].out
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"blocks", "examples", "learners", "margins", "examples_per_s"} <= set(summary)
+    assert all({"auc", "logloss", "ne", "auc_ci95"} <= set(summary["learners"][n]) for n in LEARNERS)
+    for name in ("auc", "logloss", "ne", "calibration"):
+        assert (out / f"{name}.png").stat().st_size > 5_000
+    assert "auc.png" in (out / "index.html").read_text()
+
+
+def test_paired_bootstrap_matches_the_exact_auc_and_brackets_it() -> None:
+    rng = np.random.default_rng(0)
+    y = (rng.random(3_000) < 0.1).astype(float)
+    p = np.round(0.3 * y + rng.random(3_000), 2)  # ties on purpose
+    assert weighted_auc(y, p) == pytest.approx(auc(y, p), abs=1e-12)
+    w = rng.integers(0, 3, 3_000).astype(float)
+    assert weighted_auc(y, p, w) == pytest.approx(
+        auc(np.repeat(y, w.astype(int)), np.repeat(p, w.astype(int)))
+    )
+    boot = paired_bootstrap_auc(y, {"a": p, "b": p}, resamples=200, seed=1)
+    lo, hi = percentile_ci(boot["a"])
+    assert lo < auc(y, p) < hi and np.array_equal(boot["a"], boot["b"])  # paired: same resamples
+    assert math.isnan(percentile_ci(np.full(3, math.nan))[0])
+
+
+@pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
+def test_obd_backtest_over_both_policies_and_campaigns(tmp_path: Path) -> None:
+    cfg = Config()
+    cfg.trainer.train_every, cfg.trainer.hash_buckets, cfg.trainer.device = 5_000, 1 << 16, "cpu"
+    source = open_source(cfg, "obd", OBD, seed=7, impressions=0)
+    s = run_backtest(cfg, source, tmp_path, title="obd", seed=7, quiet=True, mlflow_run=False).summary
+    assert (s["blocks"], s["examples"], s["dead_letters"]) == (8, 40_000, 0)
+    assert s["join_stats"]["positives"] == 207
+    for name in LEARNERS:
+        v = s["learners"][name]
+        lo, hi = v["auc_ci95"]
+        assert 0 < lo < v["auc"] < hi < 1, (name, v)
+
+
+def test_cli_backtest_of_a_criteo_file_writes_the_report_and_an_mlflow_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_readers import criteo_rows
+
+    path = tmp_path / "day_0.txt"
+    path.write_text("\n".join(criteo_rows(4_000, seed=2)) + "\n")
+    out = tmp_path / "report"
+    env = {
+        "CTR_TRAINER_HASH_BUCKETS": "16384",
+        "CTR_TRAINER_DEVICE": "cpu",
+        "CTR_BACKTEST_BOOTSTRAP_RESAMPLES": "20",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        args = ["--format", "criteo", "--source", str(path), "--train-every", "1000", "--model", "dcnv2"]
+        rc = main(["backtest", *args, "--attribution-window", "900", "--seed", "3", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "examples/s" in printed and "margin online_vs_ftrl" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["blocks"] == 4 and summary["model"] == "dcnv2" and summary["format"] == "criteo"
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ctr-online-backtest")
+    assert exp is not None
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.data.params["format"] == "criteo" and "online.auc" in run.data.metrics
+    assert len(client.get_metric_history(run.info.run_id, "online_auc")) == 4
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {
+        "metrics.csv",
+        "summary.json",
+        "auc.png",
+    }
+    assert main(["backtest", "--format", "obd", "--source", str(tmp_path / "absent")]) == 2
+    too_short = [
+        "--format",
+        "criteo",
+        "--source",
+        str(path),
+        "--attribution-window",
+        "60",
+    ]  # < 600 s delay cap
+    assert main(["backtest", *too_short]) == 2
