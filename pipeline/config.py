@@ -81,7 +81,7 @@ class FeatureConfig:
 class TrainerConfig:
     model: str = "deepfm"  # deepfm | dcnv2 | lr
     train_every: int = 100_000  # labelled examples per block
-    batch_size: int = 2_048  # examples per optimizer step
+    batch_size: int = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
     hash_buckets: int = 1 << 20  # rows of the hashed embedding table
     embedding_dim: int = 16
     hidden: tuple[int, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2

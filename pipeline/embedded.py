@@ -83,7 +83,8 @@ class EmbeddedStack:
         )
 
     def ui_command(self) -> str:
-        return f"mlflow ui --backend-store-uri {self.store.tracking_uri} --host 127.0.0.1 --port 5000"
+        mlflow_bin = Path(sys.executable).parent / "mlflow"  # the venv's, whatever is on PATH
+        return f"{mlflow_bin} ui --backend-store-uri {self.store.tracking_uri} --host 127.0.0.1 --port 5000"
 
     def log_summary_run(self, summary: dict[str, Any], files: list[Path]) -> str:
         """One MLflow run holding the whole replay: per-block metrics as steps, summary, plot."""
