@@ -31,7 +31,7 @@ from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.events import DeadLetter, Validator
 from pipeline.kafka_io import KafkaEventSource, KafkaSink, caught_up, ensure_topics
-from pipeline.metrics import Registry, serve_metrics
+from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.types import RawEvent, WallClock
 
@@ -207,18 +207,5 @@ class JoinerDaemon:
         m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
             c["checkpoints"]
         )
-        for reason, n in list(self.dead_reasons.items()):
-            m.counter("ctr_dead_letters_total", "dead letters by reason", daemon="joiner", reason=reason).set(
-                n
-            )
-        m.clear("ctr_consumer_lag")
-        for tp, lag in sorted(self._metric_lag.items()):
-            topic, partition = tp.rsplit(":", 1)
-            m.gauge(
-                "ctr_consumer_lag",
-                "end offset - next offset",
-                daemon="joiner",
-                topic=topic,
-                partition=partition,
-            ).set(lag)
+        export_consumer_state(m, "joiner", self._metric_lag, self.dead_reasons)
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

@@ -22,7 +22,14 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["CONTENT_TYPE", "Histogram", "Registry", "Value", "serve_metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "Histogram",
+    "Registry",
+    "Value",
+    "export_consumer_state",
+    "serve_metrics",
+]
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -134,6 +141,22 @@ class Registry:
                 else:
                     out.append(f"{name}{_fmt_labels(labels)} {s.value}")
         return "\n".join(out) + "\n"
+
+
+def export_consumer_state(
+    registry: Registry, daemon: str, lag: dict[str, int], dead_reasons: dict[str, int]
+) -> None:
+    """The series every consuming daemon reports: lag per partition and dead letters by reason."""
+    for reason, n in list(dead_reasons.items()):
+        registry.counter(
+            "ctr_dead_letters_total", "dead letters by reason", daemon=daemon, reason=reason
+        ).set(n)
+    registry.clear("ctr_consumer_lag")
+    for tp, n in sorted(lag.items()):
+        topic, partition = tp.rsplit(":", 1)
+        registry.gauge(
+            "ctr_consumer_lag", "end offset - next offset", daemon=daemon, topic=topic, partition=partition
+        ).set(n)
 
 
 def serve_metrics(registry: Registry, host: str, port: int) -> ThreadingHTTPServer:

@@ -31,7 +31,7 @@ from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
-from pipeline.metrics import Registry, serve_metrics
+from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
@@ -287,22 +287,9 @@ class TrainerDaemon:
         m, c = self.metrics, self.counters
         m.counter("ctr_trainer_examples_total", "new examples read (duplicates excluded)").set(c["examples"])
         m.counter("ctr_trainer_duplicates_total", "examples dropped as joiner replays").set(c["duplicates"])
-        for reason, n in list(self.dead_reasons.items()):
-            m.counter(
-                "ctr_dead_letters_total", "dead letters by reason", daemon="trainer", reason=reason
-            ).set(n)
         version = self.trainer.champion_version
         if version is not None and str(version).isdigit():
             m.gauge("ctr_trainer_champion_version", "the registered version the trainer fine-tunes").set(
                 int(version)
             )
-        m.clear("ctr_consumer_lag")
-        for tp, lag in sorted(self._metric_lag.items()):
-            topic, partition = tp.rsplit(":", 1)
-            m.gauge(
-                "ctr_consumer_lag",
-                "end offset - next offset",
-                daemon="trainer",
-                topic=topic,
-                partition=partition,
-            ).set(lag)
+        export_consumer_state(m, "trainer", self._metric_lag, self.dead_reasons)
