@@ -295,8 +295,13 @@ def test_joiner_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, n
         while deployment.example_count() < 2_000:  # SIGTERM while it works through the stream
             assert time.monotonic() < deadline and proc.poll() is None, "the joiner produced too little"
             time.sleep(0.2)
-        time.sleep(3)  # one checkpoint (every 2 s) measures the lag
+        # Checkpoints (every 2 s) measure the lag and time themselves; on a loaded machine the first
+        # one can take a while, so wait for it rather than for a fixed time.
+        deadline = time.monotonic() + 60
         m = scrape(deployment.metrics_port)
+        while not series(m, "ctr_joiner_checkpoint_seconds_count") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            m = scrape(deployment.metrics_port)
         assert m["ctr_joiner_events_total"] > 2_000 and m["ctr_joiner_examples_total"] > 0
         lag = series(m, "ctr_consumer_lag")
         assert len(lag) == 2 * PARTITIONS and all(v >= 0 for v in lag.values())
