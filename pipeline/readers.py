@@ -24,16 +24,13 @@ import hashlib
 import heapq
 import io
 import itertools
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pipeline.sources import _BatchingSource, _key_of, _Read
+from pipeline.sources import _BatchingSource, _key_of, _Read, labelled_events
 from pipeline.types import EventKind, RawEvent
 
 __all__ = [
@@ -76,32 +73,8 @@ class _LabelledRows(_BatchingSource):
             yield RawEvent(kind, value, self.name, 0, seq, _key_of(value)), ts, seq + 1
 
     def _events(self) -> Iterator[tuple[EventKind, dict[str, Any] | bytes, int | None]]:
-        rng = np.random.default_rng(self.seed)
-        median_ms, max_ms = self.delay.median_s * 1000, round(self.delay.max_s * 1000)
-        clicks: list[tuple[int, int, dict[str, Any]]] = []  # heap of (ts, tie-break, click)
-        tie = itertools.count()
-        for imp, ts, clicked in self._rows():
-            if ts is None or not isinstance(imp, dict):
-                yield "impression", imp, None  # unreadable: the validator dead-letters it
-                continue
-            while clicks and clicks[0][0] < ts:
-                c_ts, _, click = heapq.heappop(clicks)
-                yield "click", click, c_ts
-            yield "impression", imp, ts
-            if clicked:
-                delay = median_ms * math.exp(self.delay.sigma * float(rng.standard_normal()))
-                c_ts = ts + min(max(1, round(delay)), max_ms)
-                iid = imp["impression_id"]
-                click = {
-                    "click_id": f"clk-{iid}",
-                    "impression_id": iid,
-                    "ts": c_ts,
-                    "user_id": imp["user_id"],
-                }
-                heapq.heappush(clicks, (c_ts, next(tie), click))
-        while clicks:
-            c_ts, _, click = heapq.heappop(clicks)
-            yield "click", click, c_ts
+        d = self.delay
+        return labelled_events(self._rows(), self.seed, d.median_s * 1000, d.sigma, round(d.max_s * 1000))
 
 
 def _open_text(path: Path) -> io.TextIOBase:

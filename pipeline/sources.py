@@ -17,7 +17,7 @@ import heapq
 import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.simulator import Simulator
 from pipeline.types import EventKind, ManualClock, RawEvent
 
-__all__ = ["AvazuCsvSource", "JsonlSource", "SimulatorSource", "avazu_hour_to_ms"]
+__all__ = ["AvazuCsvSource", "JsonlSource", "SimulatorSource", "avazu_hour_to_ms", "labelled_events"]
 
 _KINDS = ("impression", "click")
 # A timestamp this far past its batch's median does not move the clock, so one corrupt event (say
@@ -216,6 +216,41 @@ _AVAZU_NOT_FEATURES = {"id", "click", "hour", "C14"}
 _AVAZU_ANON_DEVICE = "a99f214a"  # the device_id most rows share: the device is unknown
 
 
+def labelled_events(
+    rows: Iterable[tuple[dict[str, Any] | bytes, int | None, bool]],
+    seed: int,
+    median_ms: float,
+    sigma: float,
+    max_ms: int,
+) -> Iterator[tuple[EventKind, bytes | dict[str, Any], int | None]]:
+    """Labelled log rows ``(impression, ts, clicked)`` -> impression and click events in ``ts`` order.
+
+    A clicked row gets a click a seeded lognormal delay later (median ``median_ms``, shape ``sigma``,
+    capped at ``max_ms``). A row without ``ts`` (unreadable) is delivered at once, as it is, for the
+    validator to dead-letter.
+    """
+    rng = np.random.default_rng(seed)
+    clicks: list[tuple[int, int, dict[str, Any]]] = []  # heap of (ts, tie-break, click)
+    tie = itertools.count()
+    for imp, ts, clicked in rows:
+        if ts is None or not isinstance(imp, dict):
+            yield "impression", imp, None
+            continue
+        while clicks and clicks[0][0] < ts:
+            c_ts, _, click = heapq.heappop(clicks)
+            yield "click", click, c_ts
+        yield "impression", imp, ts
+        if clicked:
+            delay = median_ms * math.exp(sigma * float(rng.standard_normal()))
+            c_ts = ts + min(max(1, round(delay)), max_ms)
+            iid = imp["impression_id"]
+            click = {"click_id": f"clk-{iid}", "impression_id": iid, "ts": c_ts, "user_id": imp["user_id"]}
+            heapq.heappush(clicks, (c_ts, next(tie), click))
+    while clicks:
+        c_ts, _, click = heapq.heappop(clicks)
+        yield "click", click, c_ts
+
+
 class AvazuCsvSource(_BatchingSource):
     """Avazu ``train.csv`` rows as impressions, plus a click for each ``click == 1`` row.
 
@@ -255,37 +290,21 @@ class AvazuCsvSource(_BatchingSource):
             yield RawEvent(kind, value, source, 0, seq, _key_of(value)), ts, seq + 1
 
     def _events(self) -> Iterator[tuple[EventKind, bytes | dict[str, Any], int | None]]:
-        rng = np.random.default_rng(self.seed)
-        clicks: list[tuple[int, int, dict[str, Any]]] = []  # heap of (ts, tie-break, click)
-        tie = itertools.count()
+        return labelled_events(
+            self._rows(), self.seed, self.delay_median_ms, self.delay_sigma, self.delay_max_ms
+        )
+
+    def _rows(self) -> Iterator[tuple[dict[str, Any] | bytes, int | None, bool]]:
         shift: int | None = None
         for hour, rows, col in self._hours():
             if not hour:  # a malformed row, delivered when read: no ts to order it by
-                yield "impression", ",".join(rows[0]).encode(), None
+                yield ",".join(rows[0]).encode(), None, False
                 continue
             hour_ms = avazu_hour_to_ms(hour)
             shift = (0 if self.start_ms is None else self.start_ms - hour_ms) if shift is None else shift
             for i, row in enumerate(rows):
                 ts = hour_ms + shift + i * self.span_ms // len(rows)
-                while clicks and clicks[0][0] < ts:
-                    c_ts, _, click = heapq.heappop(clicks)
-                    yield "click", click, c_ts
-                imp = self._impression(row, col, ts)
-                yield "impression", imp, ts
-                if row[col["click"]] == "1":
-                    delay = self.delay_median_ms * math.exp(self.delay_sigma * float(rng.standard_normal()))
-                    c_ts = ts + min(max(1, round(delay)), self.delay_max_ms)
-                    iid = imp["impression_id"]
-                    click = {
-                        "click_id": f"clk-{iid}",
-                        "impression_id": iid,
-                        "ts": c_ts,
-                        "user_id": imp["user_id"],
-                    }
-                    heapq.heappush(clicks, (c_ts, next(tie), click))
-        while clicks:
-            c_ts, _, click = heapq.heappop(clicks)
-            yield "click", click, c_ts
+                yield self._impression(row, col, ts), ts, row[col["click"]] == "1"
 
     def _hours(self) -> Iterator[tuple[str, list[list[str]], dict[str, int]]]:
         """``(hour, rows of that hour, column index)``, or ``("", [bad row], ...)`` for a bad row."""
