@@ -37,6 +37,7 @@ from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
 from features.aggregations import FeatureRow, StreamingFeatures, entity_feature_names
 from features.repo.definitions import JOIN_KEYS, OFFLINE_DIR, TIMESTAMP_FIELD, definitions
+from pipeline.checkpoints import file_lock, temp_path
 from pipeline.config import FeatureConfig
 
 __all__ = ["FeatureWriter", "OnlineFeatureReader", "connect_store", "open_store", "redis_connection_string"]
@@ -86,12 +87,20 @@ def open_store(
         raise ValueError(f"features: Feast project {project!r} must be letters, digits and underscores")
     out_dir = Path(out_dir).resolve()
     (out_dir / "data").mkdir(parents=True, exist_ok=True)
+    with file_lock(out_dir / ".setup.lock"):  # two daemons sharing the folder: one apply at a time
+        return _set_up(out_dir, profile, redis_url, project, cfg or FeatureConfig())
+
+
+def _set_up(
+    out_dir: Path, profile: str, redis_url: str | None, project: str, cfg: FeatureConfig
+) -> FeatureStore:
     yaml = Template((_REPO / _TEMPLATES[profile]).read_text()).substitute(
         CTR_FEAST_PROJECT=project,
         CTR_FEAST_REDIS=redis_connection_string(redis_url) if redis_url else "",
     )
-    (out_dir / "feature_store.yaml").write_text(yaml)
-    cfg = cfg or FeatureConfig()
+    tmp = temp_path(out_dir / "feature_store.yaml")  # readers (connect_store) never see half of it
+    tmp.write_text(yaml)
+    os.replace(tmp, out_dir / "feature_store.yaml")
     for entity in JOIN_KEYS:
         # Feast reads the schema of a batch source folder (historical joins, validation): an empty
         # folder would fail, so each starts with a zero-row part file.
@@ -121,7 +130,7 @@ def _arrow_schema(entity: str, cfg: FeatureConfig) -> pa.Schema:
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
     """Temp file + rename: a reader of the folder never sees half a parquet file."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temp_path(path)
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 

@@ -1,20 +1,45 @@
 """Atomic checkpoint files: write to a temporary name, fsync, rename. A reader (or a restart after
-``kill -9`` at any moment) sees the previous checkpoint or the new one, never half of one."""
+``kill -9`` at any moment) sees the previous checkpoint or the new one, never half of one.
+
+Temporary names are unique per writer, so two processes sharing a state folder (two joiners on one
+host) never rename each other's half-written file; :func:`file_lock` serialises whole set-ups.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json", "replace_dir", "write_json"]
+__all__ = ["file_lock", "read_json", "replace_dir", "temp_path", "write_json"]
+
+
+def temp_path(path: Path) -> Path:
+    """A hidden sibling of ``path`` that no other writer (process or thread) uses."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temp_path(path)
     text = json.dumps(data, separators=(",", ":"))  # dumps, not dump: only dumps uses the C encoder
     with tmp.open("w") as f:
         f.write(text)

@@ -7,6 +7,7 @@ exercised for real (its drop-if-not-newer rule is exactly what the SQLite store 
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import shutil
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -135,6 +137,26 @@ def test_reopen_keeps_the_data(env: Env) -> None:
     repo = Path(str(env.store.config.repo_path))
     for store in (open_store(repo), connect_store(repo)):
         assert OnlineFeatureReader(store).get("u0", ["i1"]) == env.reader.get("u0", ["i1"])
+
+
+def _open_repeatedly(repo: str, start: Any) -> None:
+    start.wait()  # both processes have imported Feast: their set-ups overlap
+    for _ in range(8):
+        open_store(Path(repo))
+
+
+def test_two_processes_setting_up_one_folder_at_once_both_succeed(tmp_path: Path) -> None:
+    """Two daemons sharing a state folder start together (the two-joiner deployment): the set-up's
+    files and Feast's registry must not be written by both at once."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    procs = [ctx.Process(target=_open_repeatedly, args=(str(tmp_path / "feast"), start)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert not list((tmp_path / "feast").rglob("*.tmp"))  # every temporary file was renamed
 
 
 def test_bad_arguments_fail_loudly(tmp_path: Path) -> None:

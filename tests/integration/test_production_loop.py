@@ -120,6 +120,7 @@ class Run:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        proc.log_path = log.name  # type: ignore[attr-defined]  # finish() shows it on failure
         self.procs.append(proc)
         return proc
 
@@ -200,7 +201,10 @@ def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dic
 
 
 def finish(proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
-    assert proc.wait(timeout=timeout_s) == 0, f"{proc.args} exited with {proc.returncode}"
+    if proc.wait(timeout=timeout_s) != 0:
+        log = Path(getattr(proc, "log_path", ""))
+        tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
+        raise AssertionError(f"{proc.args} exited with {proc.returncode}; its log ends:\n{tail}")
 
 
 def labels(examples: dict[str, bytes]) -> dict[str, int]:
@@ -303,6 +307,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        proc.log_path = log.name  # type: ignore[attr-defined]
         run.procs.append(proc)
         return proc
 
