@@ -4,6 +4,7 @@ ctr demo       the whole loop in one process on the drifting simulator (embedded
 ctr simulate   write a simulated impression/click stream to a JSONL file
 ctr replay     run the loop over a JSONL or Avazu CSV file (embedded profile): a backtest
 ctr backtest   replay a log at full speed, compare online vs static vs FTRL, write a report
+ctr status     services, lag, throughput, models and replicas on one screen (--json)
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
 ctr deploy install   lay out config, environment file, state folders and systemd units (pipeline/deploy.py)
 """
@@ -75,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
     b.add_argument("--out", type=Path, default=Path("runs/backtest"))
 
+    st = sub.add_parser("status", help="services, lag, throughput, models and replicas on one screen")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--replica", action="append", default=[], help="replica base URL (default: config)")
+    st.add_argument("--blocks", type=int, default=5, help="how many recent versions to show")
+
     sub.add_parser("config", help="print the effective configuration as JSON")
     _deploy_parser(sub)
     return p
@@ -108,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    if args.command == "status":
+        from pipeline.status import collect, render
+
+        status = collect(cfg, args.replica, args.blocks)
+        print(json.dumps(status, indent=2) if args.json else render(status))
+        return 0 if all(svc["up"] for svc in status["services"].values()) else 1
     if args.command == "simulate":
         from pipeline.simulator import Simulator, write_jsonl
 
@@ -122,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay" and args.to_kafka:
         from pipeline.kafka_io import replay_file_to_kafka
 
-        print(json.dumps(replay_file_to_kafka(cfg.kafka, args.source, rate=args.rate)))
+        print(json.dumps(replay_file_to_kafka(cfg.kafka, args.source, rate=args.rate, progress=True)))
         return 0
     if args.command == "replay":
         from pipeline.runner import run_replay
@@ -137,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
         k = cfg.kafka
         ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
-        counts = publish_stream(k, Simulator(cfg.simulator, args.seed).stream(args.impressions), args.rate)
+        events = Simulator(cfg.simulator, args.seed).stream(args.impressions)
+        counts = publish_stream(k, events, args.rate, progress=True)
         print(json.dumps(counts))
         return 0
     if args.command == "joiner":

@@ -192,6 +192,7 @@ class DaemonConfig:
     joiner_metrics_port: int = 0  # GET /metrics of `ctr joiner` (Prometheus text); 0 = off
     trainer_metrics_port: int = 0  # GET /metrics of `ctr trainer`; 0 = off (replicas: their own port)
     log_format: str = "text"  # text | json (one JSON object per line, for journald)
+    replica_urls: tuple[str, ...] = ()  # the fleet's base URLs, for `ctr status` (comma-separated in env)
 
 
 @dataclass

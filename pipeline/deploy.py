@@ -173,6 +173,7 @@ class Installer:
             "MLFLOW_PORT": str(o.mlflow_port),
             "REDIS_URL": o.redis_url,
             "SERVE_UNITS": " ".join(f"ctr-serve@{p}.service" for p in o.serve_ports),
+            "REPLICA_URLS": ",".join(f"http://127.0.0.1:{p}" for p in o.serve_ports),
             # fresh per install; only used when the files holding them are first written
             "PSEUDONYM_KEY": secrets.token_hex(32),
             "KAFKA_CLUSTER_ID": base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="),

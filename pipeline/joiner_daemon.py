@@ -70,6 +70,8 @@ class JoinerDaemon:
         self._lag: dict[str, int] = {}
         self._lag_at = 0.0
         self._metric_lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
+        self._rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
+        self._rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint
         self.dead_reasons: Counter[str] = Counter()
         self.metrics = Registry()
         self.metrics.on_scrape(self._collect_metrics)
@@ -188,6 +190,7 @@ class JoinerDaemon:
             except CommitFailedError:  # a rebalance is under way: the checkpoint files still hold
                 log.warning("joiner: offset commit refused during a rebalance; checkpoints kept")
         self.counters["checkpoints"] += 1
+        self._update_rates()
         self.metrics.histogram(
             "ctr_joiner_checkpoint_seconds",
             "flush + feature push + checkpoint + commit",
@@ -199,6 +202,18 @@ class JoinerDaemon:
             f"{len(self.tasks)} partitions"
         )
 
+    def _update_rates(self) -> None:
+        """Events/s in and examples/s out since the last checkpoint; the share of clicks attributed."""
+        now, c = time.monotonic(), self.counters
+        when, events, examples = self._rate_base
+        if now - when >= 0.5:
+            self._rates["events"] = (c["events"] - events) / (now - when)
+            self._rates["examples"] = (c["examples"] - examples) / (now - when)
+            self._rate_base = (now, c["events"], c["examples"])
+        stats = [t.joiner.stats for t in self.tasks.values()]
+        clicks = sum(s.clicks - s.duplicate_clicks for s in stats)
+        self._rates["join_rate"] = sum(s.positives for s in stats) / clicks if clicks else 0.0
+
     def _collect_metrics(self) -> None:
         """Scrape time (metrics thread): read the counters and the lag the last checkpoint measured."""
         m, c = self.metrics, self.counters
@@ -206,6 +221,12 @@ class JoinerDaemon:
         m.counter("ctr_joiner_examples_total", "labelled examples produced").set(c["examples"])
         m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
             c["checkpoints"]
+        )
+        r = self._rates
+        m.gauge("ctr_joiner_events_per_second", "impressions + clicks read per second").set(r["events"])
+        m.gauge("ctr_joiner_examples_per_second", "labelled examples written per second").set(r["examples"])
+        m.gauge("ctr_joiner_join_rate", "clicks attributed to an impression / distinct clicks read").set(
+            r["join_rate"]
         )
         export_consumer_state(m, "joiner", self._metric_lag, self.dead_reasons)
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

@@ -58,11 +58,19 @@ class RateLimiter:
 
 
 def _publish(
-    cfg: KafkaConfig, records: Iterable[tuple[str, bytes | None, bytes]], rate: float | None, flush_every: int
+    cfg: KafkaConfig,
+    records: Iterable[tuple[str, bytes | None, bytes]],
+    rate: float | None,
+    flush_every: int,
+    progress: bool = False,
 ) -> dict[str, int]:
     topics = {"impression": cfg.impressions_topic, "click": cfg.clicks_topic}
     counts = dict.fromkeys(topics, 0)
     limiter = RateLimiter(rate) if rate else None
+    if progress:  # a bar on stderr (events sent, rate): long replays show they are moving
+        from tqdm import tqdm
+
+        records = tqdm(records, desc="published", unit=" events", mininterval=1.0, unit_scale=True)
     with KafkaSink(cfg, cfg.impressions_topic) as sink:
         for kind, key, value in records:
             if kind not in topics:
@@ -91,19 +99,24 @@ def publish_stream(
     events: Iterable[tuple[EventKind, Mapping[str, Any]]],
     rate: float | None = None,
     flush_every: int = 50_000,
+    progress: bool = False,
 ) -> dict[str, int]:
     """``ctr produce``: JSON-encode ``(kind, event)`` pairs to the impressions/clicks topics.
 
     Keyed by ``user_id`` (so a user's impressions and clicks land on the same partition number),
     at ``rate`` events/s or as fast as possible; returns ``{"impression": n, "click": m}`` once
-    everything is acknowledged (raises :class:`KafkaSinkError` otherwise).
+    everything is acknowledged (raises :class:`KafkaSinkError` otherwise). ``progress``: a bar on stderr.
     """
     records = ((k, _user_key(e), _json(e)) for k, e in events)
-    return _publish(cfg, records, rate, flush_every)
+    return _publish(cfg, records, rate, flush_every, progress)
 
 
 def replay_file_to_kafka(
-    cfg: KafkaConfig, source: str | Path | Source, rate: float | None = None, flush_every: int = 50_000
+    cfg: KafkaConfig,
+    source: str | Path | Source,
+    rate: float | None = None,
+    flush_every: int = 50_000,
+    progress: bool = False,
 ) -> dict[str, int]:
     """Publish a log file (``.csv``: Avazu, else JSONL) or any :class:`Source` to the event topics.
 
@@ -120,4 +133,4 @@ def replay_file_to_kafka(
                 value = ev.value
                 yield ev.kind, ev.key, value if isinstance(value, bytes) else _json(value)
 
-    return _publish(cfg, records(), rate, flush_every)
+    return _publish(cfg, records(), rate, flush_every, progress)

@@ -56,6 +56,7 @@ class IdempotentStore:
 
     def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
         key = lineage_key(lineage)
+        lineage = {**lineage, "block_closed_at": round(self.daemon.block_closed_at, 3)}
         self.daemon.save_pending(model, dict(lineage), dict(metrics), key)
         return self.register(model, {**lineage, "lineage_key": key}, metrics)
 
@@ -125,6 +126,7 @@ class TrainerDaemon:
         self.trainer.blocks = meta.get("blocks", 0)
         self.pos: dict[str, int] = meta.get("offsets", {})
         self._closing_pos: dict[str, int] = {}
+        self.block_closed_at = 0.0  # wall time the last block's last example was read
         self.seen: dict[str, int] = meta.get("seen", {})
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
         self.source = KafkaExampleSource(k, group_id=f"{k.group_id_prefix}-trainer")
@@ -218,6 +220,7 @@ class TrainerDaemon:
                     closing = self.trainer.needed == 1
                     if closing:
                         self._closing_pos = dict(self.pos)
+                        self.block_closed_at = time.time()  # lineage tag: freshness starts here
                     position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
                     for report in self.trainer.add([ex], position=position if closing else None):
                         self._block_done(report)

@@ -19,6 +19,7 @@ class Model:
 
 class FakeDaemon:
     stopping = False
+    block_closed_at = 1_780_000_000.25  # wall time the block's last example was read
 
     def __init__(self, store: InMemoryModelStore) -> None:
         self.store = store
@@ -49,6 +50,7 @@ def test_checkpoint_comes_before_registration_and_a_retry_registers_nothing_new(
     assert daemon.pending == [(lineage_key(LINEAGE), 0)]  # checkpointed while nothing was registered
     again = store.publish(Model(), LINEAGE, {"auc": 0.7})  # a restart re-running the same block
     assert again == first and inner.versions() == ["1"]
+    assert float(inner.lineage("1")["block_closed_at"]) == FakeDaemon.block_closed_at  # freshness starts here
     other = store.publish(Model(), {**LINEAGE, "parent_version": "1"}, {})
     assert other == "2"
 

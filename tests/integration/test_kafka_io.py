@@ -279,14 +279,19 @@ def test_example_source_splits_examples_from_dead_letters(kafka_cfg: KafkaConfig
 
 
 def test_replay_file_and_ensure_topics(
-    kafka_cfg: KafkaConfig, kafka_group: str, kafka_admin: KafkaAdminClient, tmp_path: Path
+    kafka_cfg: KafkaConfig,
+    kafka_group: str,
+    kafka_admin: KafkaAdminClient,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = tmp_path / "events.jsonl"
     write_jsonl(stream(300), path)
     with path.open("ab") as f:
         f.write(b"not an event\n")
-    counts = replay_file_to_kafka(kafka_cfg, path, rate=2_000)
+    counts = replay_file_to_kafka(kafka_cfg, path, rate=2_000, progress=True)
     assert sum(counts.values()) == 301
+    assert "published: " in capsys.readouterr().err  # the progress bar (`ctr replay --to-kafka`)
     with source(kafka_cfg, kafka_group) as src:
         got = drain(src, 301)
     assert len(got) == 301 and b"not an event" in {e.value for e in got}

@@ -200,6 +200,21 @@ def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dic
     return [reader.get(u, items) for u in users]
 
 
+def served_version(port: int, until: str | None = None, timeout_s: float = 60) -> str | None:
+    """The version a replica answers on ``GET /version`` (waiting up to ``timeout_s`` for ``until``)."""
+    deadline = time.monotonic() + timeout_s
+    served = None
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
+                served = json.loads(resp.read())["version"]
+        except OSError:
+            pass
+        if (until is None and served is not None) or served == until or time.monotonic() > deadline:
+            return served
+        time.sleep(0.5)
+
+
 def finish(proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
     if proc.wait(timeout=timeout_s) != 0:
         log = Path(getattr(proc, "log_path", ""))
@@ -215,6 +230,7 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     joiner = run.start("joiner", "--exit-when-idle", "15")
     trainer = run.start("trainer", "--exit-when-idle", "45")
     replica = run.start("serve", "--port", str(20_000 + random.randrange(5_000)))
+    replica2 = run.start("serve", "--port", str(25_000 + random.randrange(5_000)))
     finish(joiner)
     examples, _ = run.examples()
     assert labels(examples) == run.stream.expected  # no loss, no duplicate, right labels
@@ -231,6 +247,7 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     for v in versions:
         lineage = store.lineage(v)
         position = json.loads(lineage["position"])
+        assert float(lineage["block_closed_at"]) > time.time() - 3_600  # wall time: freshness starts there
         assert set(position) == {"kafka_offsets_from", "kafka_offsets_to"}
         assert all(k.startswith(run.examples_topic) for k in position["kafka_offsets_to"])
         if previous_to is not None:
@@ -240,21 +257,32 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     assert champion == versions[-1]
 
     port = int(replica.args[-1])  # type: ignore[index]
-    deadline = time.monotonic() + 60
-    served = None
-    while time.monotonic() < deadline and served != champion:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
-                served = json.loads(resp.read())["version"]
-        except OSError:
-            pass
-        time.sleep(0.5)
-    assert served == champion
+    for p in (replica, replica2):  # both replicas follow the champion
+        assert served_version(int(p.args[-1]), until=champion) == champion  # type: ignore[index]
     body = json.dumps({"user_id": "user-3", "context": {"device": "mobile"}, "items": ["item-1", "item-2"]})
     req = urllib.request.Request(f"http://127.0.0.1:{port}/score", body.encode(), method="POST")
     with urllib.request.urlopen(req, timeout=5) as resp:
         scored = json.loads(resp.read())
     assert scored["version"] == champion and len(scored["probabilities"]) == 2
+
+    # `ctr status --json` shows the version each replica says it serves
+    urls = [f"http://127.0.0.1:{p.args[-1]}" for p in (replica, replica2)]  # type: ignore[index]
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "status", "--json", *(f"--replica={u}" for u in urls)],
+        env=run.env(),
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    status = json.loads(out.stdout)
+    assert all(svc["up"] for svc in status["services"].values()), status["services"]
+    assert status["models"]["champion"] == champion
+    assert [b["version"] for b in status["models"]["last_blocks"]] == versions[-5:]
+    assert status["consumers"]["joiner"]["total"] == 0  # the joiner exited after committing everything
+    for p, shown in zip((replica, replica2), status["replicas"], strict=True):
+        assert shown["up"] and shown["version"] == served_version(int(p.args[-1]))  # type: ignore[index]
+    first = status["replicas"][0]
+    assert first["version"] == champion and first["freshness_s"] is not None and first["freshness_s"] > 0
 
 
 def test_kill_9_of_the_joiner_loses_and_duplicates_nothing(

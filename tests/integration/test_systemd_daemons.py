@@ -303,6 +303,11 @@ def test_joiner_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, n
             time.sleep(0.5)
             m = scrape(deployment.metrics_port)
         assert m["ctr_joiner_events_total"] > 2_000 and m["ctr_joiner_examples_total"] > 0
+        while m["ctr_joiner_join_rate"] == 0 and time.monotonic() < deadline:  # a checkpoint after a join
+            time.sleep(0.5)
+            m = scrape(deployment.metrics_port)
+        assert 0 < m["ctr_joiner_join_rate"] <= 1  # the simulator's clicks mostly land in the window
+        assert m["ctr_joiner_events_per_second"] > 0 and m["ctr_joiner_examples_per_second"] >= 0
         lag = series(m, "ctr_consumer_lag")
         assert len(lag) == 2 * PARTITIONS and all(v >= 0 for v in lag.values())
         assert series(m, "ctr_joiner_checkpoint_seconds_count")

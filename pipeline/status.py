@@ -1,0 +1,339 @@
+"""`ctr status`: the whole pipeline on one screen (``--json`` for machines).
+
+What it asks, each with a short timeout, so one service down never hangs the view:
+
+- **services**: Kafka (a metadata request), Redis (``PING``), the MLflow server (``GET /health``);
+- **lag** of the joiner's and the trainer's consumer groups, per partition, from the group's committed
+  offsets and the topics' end offsets (what the daemons have made durable, not what they hold in memory);
+- **throughput**: the joiner's and the trainer's ``/metrics`` (when ``daemon.*_metrics_port`` is set);
+- **models**: the ``champion`` and ``challenger`` versions and the last blocks' lineage and metrics;
+- **replicas** (``daemon.replica_urls`` or ``--replica``): the version each one serves, from its own
+  ``GET /version``, and the freshness of that version: its last swap minus the moment the trainer
+  closed the version's block (tag ``block_closed_at``).
+
+Everything is collected into one plain dict (:func:`collect`); :func:`render` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.config import Config
+
+__all__ = ["collect", "parse_prometheus", "render"]
+
+_TIMEOUT_S = 2.0
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` for every sample of a Prometheus text exposition.
+
+    >>> parse_prometheus('# HELP x y\\nctr_lag{topic="a",partition="0"} 3.0\\nup 1')
+    [('ctr_lag', {'topic': 'a', 'partition': '0'}, 3.0), ('up', {}, 1.0)]
+    """
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m is None or line.startswith("#"):
+            continue
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        try:
+            out.append((m.group(1), labels, float(m.group(3))))
+        except ValueError:
+            continue
+    return out
+
+
+def _http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp:
+        return json.loads(resp.read())
+
+
+def _http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp:
+        return str(resp.read().decode())
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+# -- services ------------------------------------------------------------------------------------
+def _services(cfg: Config) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(**_kafka_kwargs(cfg))
+        try:
+            topics = admin.list_topics()
+        finally:
+            admin.close()
+        out["kafka"] = {"up": True, "url": cfg.kafka.bootstrap_servers, "topics": len(topics)}
+    except Exception as exc:
+        out["kafka"] = {"up": False, "url": cfg.kafka.bootstrap_servers, "error": _error(exc)}
+    try:
+        import redis
+
+        client = redis.Redis.from_url(cfg.daemon.redis_url, socket_timeout=_TIMEOUT_S)
+        client.ping()
+        out["redis"] = {"up": True, "url": _redact(cfg.daemon.redis_url)}
+    except Exception as exc:
+        out["redis"] = {"up": False, "url": _redact(cfg.daemon.redis_url), "error": _error(exc)}
+    uri = cfg.registry.tracking_uri
+    if uri.startswith("http"):
+        try:
+            _http_text(uri.rstrip("/") + "/health")
+            out["mlflow"] = {"up": True, "url": uri}
+        except Exception as exc:
+            out["mlflow"] = {"up": False, "url": uri, "error": _error(exc)}
+    else:
+        out["mlflow"] = {"up": True, "url": uri, "note": "local store (embedded profile)"}
+    return out
+
+
+def _kafka_kwargs(cfg: Config) -> dict[str, Any]:
+    from pipeline.kafka_client import kafka_client_kwargs
+
+    timeout_ms = int(_TIMEOUT_S * 1000)
+    return {
+        **kafka_client_kwargs(cfg.kafka),
+        "client_id": "ctr-status",
+        "request_timeout_ms": timeout_ms,
+        "bootstrap_timeout_ms": timeout_ms,
+    }
+
+
+def _redact(url: str) -> str:
+    """A URL without its password (status output ends up in tickets and chat)."""
+    return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", url)
+
+
+# -- consumer groups -----------------------------------------------------------------------------
+def _group_lag(cfg: Config) -> dict[str, Any]:
+    """Per group: ``{"topic:partition": end - committed}`` and the total (-1: nothing committed)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    k = cfg.kafka
+    groups = {
+        "joiner": (f"{k.group_id_prefix}-joiner", [k.impressions_topic, k.clicks_topic]),
+        "trainer": (f"{k.group_id_prefix}-trainer", [k.examples_topic]),
+    }
+    timeout_ms = int(_TIMEOUT_S * 1000)
+    out: dict[str, Any] = {}
+    for name, (group, topics) in groups.items():
+        # a consumer that only asks (never subscribes): it does not join the group or move anything
+        kw = {**_kafka_kwargs(cfg), "request_timeout_ms": k.request_timeout_ms}
+        consumer = KafkaConsumer(
+            **kw, group_id=group, enable_auto_commit=False, allow_auto_create_topics=False
+        )
+        try:
+            tps = [
+                TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())
+            ]
+            committed = {tp: consumer.committed(tp) for tp in tps}
+            ends = consumer.end_offsets(tps, timeout_ms=timeout_ms) if tps else {}
+        finally:
+            consumer.close()
+        lag = {
+            f"{tp.topic}:{tp.partition}": max(0, ends[tp] - off)
+            for tp, off in committed.items()
+            if off is not None and tp in ends
+        }
+        out[name] = {"group": group, "lag": lag, "total": sum(lag.values()) if lag else -1}
+    return out
+
+
+# -- daemons' metrics ----------------------------------------------------------------------------
+_DAEMON_SERIES = {
+    "joiner": (
+        "ctr_joiner_events_total",
+        "ctr_joiner_examples_total",
+        "ctr_joiner_events_per_second",
+        "ctr_joiner_examples_per_second",
+        "ctr_joiner_join_rate",
+        "ctr_joiner_partitions",
+    ),
+    "trainer": (
+        "ctr_trainer_examples_total",
+        "ctr_trainer_examples_per_second",
+        "ctr_trainer_champion_version",
+        "ctr_trainer_progressive_auc",
+        "ctr_trainer_progressive_logloss",
+    ),
+}
+
+
+def _daemons(cfg: Config) -> dict[str, Any]:
+    d = cfg.daemon
+    out: dict[str, Any] = {}
+    for name, port in (("joiner", d.joiner_metrics_port), ("trainer", d.trainer_metrics_port)):
+        if not port:
+            out[name] = {"up": None, "note": f"daemon.{name}_metrics_port is 0: no metrics to read"}
+            continue
+        url = f"http://{d.metrics_host}:{port}/metrics"
+        try:
+            samples = parse_prometheus(_http_text(url))
+        except Exception as exc:
+            out[name] = {"up": False, "url": url, "error": _error(exc)}
+            continue
+        wanted = _DAEMON_SERIES[name]
+        values = {n.removeprefix(f"ctr_{name}_"): v for n, labels, v in samples if n in wanted and not labels}
+        dead = sum(v for n, labels, v in samples if n == "ctr_dead_letters_total")
+        out[name] = {"up": True, "url": url, **values, "dead_letters": dead}
+    return out
+
+
+# -- models and replicas -------------------------------------------------------------------------
+def _models(cfg: Config, last: int) -> dict[str, Any]:
+    from trainers.registry import MlflowModelStore
+
+    store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
+    versions = store.versions()
+    blocks = []
+    for v in versions[-last:]:
+        tags = store.lineage(v)
+        blocks.append(
+            {
+                "version": v,
+                "block": _num(tags.get("block")),
+                "examples": _num(tags.get("examples")),
+                "online_auc": _num(tags.get("metric.online.auc")),
+                "online_logloss": _num(tags.get("metric.online.logloss")),
+                "holdout_auc": _num(tags.get("metric.holdout.auc")),
+                "block_closed_at": _num(tags.get("block_closed_at")),
+                "gate": tags.get("gate_reason", ""),
+            }
+        )
+    return {
+        "name": cfg.registry.model_name,
+        "champion": store.resolve(cfg.registry.champion_alias),
+        "challenger": store.resolve("challenger"),
+        "versions": len(versions),
+        "last_blocks": blocks,
+    }
+
+
+def _num(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is None or math.isfinite(value) else None
+
+
+def _replicas(urls: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for url in urls:
+        base = url.rstrip("/")
+        entry: dict[str, Any] = {"url": base}
+        try:
+            answer = _http_json(base + "/version")
+            entry.update(up=True, version=answer.get("version"), replica=answer.get("replica"))
+            samples = parse_prometheus(_http_text(base + "/metrics"))
+            swaps = [v for n, _, v in samples if n == "ctr_serving_last_swap_timestamp_seconds"]
+            entry["last_swap_at"] = max(swaps) if swaps else None
+        except Exception as exc:
+            entry.update(up=False, error=_error(exc))
+        out.append(entry)
+    return out
+
+
+def collect(cfg: Config, replica_urls: Sequence[str] = (), last_blocks: int = 5) -> dict[str, Any]:
+    """Everything ``ctr status`` shows, as plain JSON-able data; parts that fail carry ``error``."""
+    status: dict[str, Any] = {"at": time.time(), "services": _services(cfg)}
+    up = {name: s["up"] for name, s in status["services"].items()}
+    try:
+        status["consumers"] = _group_lag(cfg) if up["kafka"] else {"error": "Kafka is down"}
+    except Exception as exc:
+        status["consumers"] = {"error": _error(exc)}
+    status["daemons"] = _daemons(cfg)
+    try:
+        status["models"] = _models(cfg, last_blocks) if up["mlflow"] else {"error": "MLflow is down"}
+    except Exception as exc:
+        status["models"] = {"error": _error(exc)}
+    replicas = _replicas(list(replica_urls) or list(cfg.daemon.replica_urls))
+    closed = {b["version"]: b["block_closed_at"] for b in status["models"].get("last_blocks", [])}
+    for r in replicas:
+        at, swap = closed.get(r.get("version")), r.get("last_swap_at")
+        r["freshness_s"] = round(swap - at, 3) if at is not None and swap is not None and swap >= at else None
+    status["replicas"] = replicas
+    return status
+
+
+# -- the screen ----------------------------------------------------------------------------------
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def render(s: dict[str, Any]) -> str:
+    """The human view of :func:`collect`'s dict."""
+    lines = [f"ctr status at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s['at']))}", "", "services"]
+    for name, svc in s["services"].items():
+        state = "up" if svc["up"] else "DOWN"
+        lines.append(f"  {name:<8} {state:<5} {svc['url']}  {svc.get('error', svc.get('note', ''))}".rstrip())
+    lines += ["", "consumer lag (committed offsets)"]
+    consumers = s["consumers"]
+    if "error" in consumers:
+        lines.append(f"  unavailable: {consumers['error']}")
+    else:
+        for name, c in consumers.items():
+            total = "nothing committed yet" if c["total"] < 0 else f"{c['total']:,}"
+            parts = ", ".join(
+                f"{tp.rsplit(':', 1)[1] if ':' in tp else tp}={n:,}" for tp, n in c["lag"].items()
+            )
+            lines.append(f"  {name:<8} {total:<22} {parts}  (group {c['group']})")
+    lines += ["", "daemons"]
+    for name, d in s["daemons"].items():
+        if d["up"] is None:
+            lines.append(f"  {name:<8} -     {d['note']}")
+        elif not d["up"]:
+            lines.append(f"  {name:<8} DOWN  {d['url']}  {d['error']}")
+        elif name == "joiner":
+            lines.append(
+                f"  joiner   up    {_fmt(d.get('events_per_second'), ',.0f')} events/s in, "
+                f"{_fmt(d.get('examples_per_second'), ',.0f')} examples/s out, join rate "
+                f"{_fmt(d.get('join_rate'), '.3f')}, {_fmt(d.get('events_total'), ',.0f')} events, "
+                f"{d['dead_letters']:,.0f} dead letters"
+            )
+        else:
+            lines.append(
+                f"  trainer  up    {_fmt(d.get('examples_per_second'), ',.0f')} examples/s (last block), "
+                f"{_fmt(d.get('examples_total'), ',.0f')} examples, progressive AUC "
+                f"{_fmt(d.get('progressive_auc'), '.4f')}"
+            )
+    models = s["models"]
+    lines += ["", "models"]
+    if "error" in models:
+        lines.append(f"  unavailable: {models['error']}")
+    else:
+        lines.append(
+            f"  {models['name']}: champion {_fmt(models['champion'])}, challenger "
+            f"{_fmt(models['challenger'])}, {models['versions']} versions"
+        )
+        lines.append(f"  {'version':>7} {'block':>5} {'examples':>9} {'online AUC':>10} {'logloss':>8}  gate")
+        for b in models["last_blocks"]:
+            lines.append(
+                f"  {b['version']:>7} {_fmt(b['block'], '.0f'):>5} {_fmt(b['examples'], ',.0f'):>9} "
+                f"{_fmt(b['online_auc'], '.4f'):>10} {_fmt(b['online_logloss'], '.4f'):>8}  {b['gate']}"
+            )
+    lines += ["", "replicas"]
+    if not s["replicas"]:
+        lines.append("  none configured: set daemon.replica_urls (CTR_DAEMON_REPLICA_URLS) or pass --replica")
+    for r in s["replicas"]:
+        if r["up"]:
+            fresh = _fmt(r["freshness_s"], ".1f")
+            lines.append(f"  {r['url']:<28} version {_fmt(r['version']):<6} freshness {fresh} s")
+        else:
+            lines.append(f"  {r['url']:<28} DOWN  {r['error']}")
+    return "\n".join(lines)

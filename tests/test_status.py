@@ -1,0 +1,110 @@
+"""`ctr status` without services: parsing, redaction, the screen, and nothing hangs when all is down.
+
+The view over real services (Kafka lag, MLflow versions, replicas) is checked by
+tests/integration/test_production_loop.py, against the replicas' own answers.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from pipeline.cli import main
+from pipeline.config import Config
+from pipeline.status import _redact, collect, parse_prometheus, render
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _everything_down() -> Config:
+    cfg = Config()
+    port = _closed_port()  # nothing listens there: every probe is refused at once
+    cfg.kafka.bootstrap_servers = f"127.0.0.1:{port}"
+    cfg.daemon.redis_url = f"redis://:secret@127.0.0.1:{port}/0"
+    cfg.registry.tracking_uri = f"http://127.0.0.1:{port}"
+    cfg.daemon.joiner_metrics_port = port
+    cfg.daemon.replica_urls = (f"http://127.0.0.1:{port}",)
+    return cfg
+
+
+def test_parse_prometheus_reads_labels_and_skips_comments() -> None:
+    text = (
+        "# HELP ctr_consumer_lag end - next\n# TYPE ctr_consumer_lag gauge\n"
+        'ctr_consumer_lag{daemon="joiner",topic="a:b",partition="2"} 7.0\n'
+        'ctr_serving_version{replica="r",version="12"} 12\n'
+        "ctr_joiner_join_rate 0.94\nnot a sample\n"
+    )
+    assert parse_prometheus(text) == [
+        ("ctr_consumer_lag", {"daemon": "joiner", "topic": "a:b", "partition": "2"}, 7.0),
+        ("ctr_serving_version", {"replica": "r", "version": "12"}, 12.0),
+        ("ctr_joiner_join_rate", {}, 0.94),
+    ]
+
+
+def test_passwords_never_reach_the_screen() -> None:
+    assert _redact("redis://:p4ss@h:6379/0") == "redis://:***@h:6379/0"
+    assert _redact("redis://user:p4ss@h/1") == "redis://user:***@h/1"
+    assert _redact("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_everything_down_is_reported_not_raised() -> None:
+    cfg = _everything_down()
+    started = time.monotonic()
+    status = collect(cfg)
+    assert time.monotonic() - started < 60  # every probe has a short timeout (a hang would stop the test)
+    assert {name: s["up"] for name, s in status["services"].items()} == {
+        "kafka": False,
+        "redis": False,
+        "mlflow": False,
+    }
+    assert all(s["error"] for s in status["services"].values())
+    assert status["consumers"] == {"error": "Kafka is down"}
+    assert status["models"] == {"error": "MLflow is down"}
+    assert status["daemons"]["joiner"]["up"] is False
+    assert status["daemons"]["trainer"]["up"] is None  # port 0: not configured, said so
+    assert [r["up"] for r in status["replicas"]] == [False]
+    screen = render(status)
+    for words in ("kafka    DOWN", "redis    DOWN", "mlflow   DOWN", "Kafka is down", "MLflow is down"):
+        assert words in screen
+    assert "secret" not in screen and "secret" not in json.dumps(status)
+
+
+def test_cli_exits_non_zero_when_a_service_is_down(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    cfg = _everything_down()
+    monkeypatch.setenv("CTR_KAFKA_BOOTSTRAP_SERVERS", cfg.kafka.bootstrap_servers)
+    monkeypatch.setenv("CTR_DAEMON_REDIS_URL", cfg.daemon.redis_url)
+    monkeypatch.setenv("CTR_REGISTRY_TRACKING_URI", cfg.registry.tracking_uri)
+    monkeypatch.setenv("CTR_DAEMON_REPLICA_URLS", ",".join(cfg.daemon.replica_urls))
+    assert main(["status", "--json"]) == 1
+    status = json.loads(capsys.readouterr().out)
+    assert status["replicas"][0]["url"] == cfg.daemon.replica_urls[0] and not status["replicas"][0]["up"]
+
+
+def test_render_shows_versions_lag_and_freshness() -> None:
+    status = {
+        "at": 0.0,
+        "services": {"kafka": {"up": True, "url": "k:9092", "topics": 4}},
+        "consumers": {"joiner": {"group": "g-joiner", "lag": {"imps:0": 5, "clicks:0": 0}, "total": 5}},
+        "daemons": {
+            "joiner": {"up": True, "url": "u", "events_per_second": 1234.5, "examples_per_second": 1100.0,
+                       "join_rate": 0.9512, "events_total": 10.0, "dead_letters": 2.0},
+        },
+        "models": {
+            "name": "ctr", "champion": "7", "challenger": None, "versions": 7,
+            "last_blocks": [{"version": "7", "block": 7.0, "examples": 100000.0, "online_auc": 0.71,
+                             "online_logloss": 0.2, "holdout_auc": 0.7, "block_closed_at": 5.0,
+                             "gate": "ok"}],
+        },
+        "replicas": [{"url": "http://r:1", "up": True, "version": "7", "replica": "r", "last_swap_at": 8.5,
+                      "freshness_s": 3.5}],
+    }  # fmt: skip
+    screen = render(status)
+    assert "champion 7, challenger -, 7 versions" in screen
+    assert "1,234 events/s in" in screen and "join rate 0.951" in screen
+    assert "joiner   5" in screen
+    assert "http://r:1" in screen and "version 7" in screen and "freshness 3.5 s" in screen
