@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export DO_NOT_TRACK = true
 export FEAST_USAGE = False
 
-.PHONY: help demo test unit check lint format lock bench clean
+.PHONY: help demo test faults unit check lint format lock bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -17,6 +17,9 @@ demo:  ## run the whole online-learning loop in one process (embedded profile), 
 
 test: services-up  ## install everything, start Kafka/Redis/MLflow, run the whole test suite
 	@venv=$(VENV); $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+faults: services-up  ## fault injection and hostile input against the real services; prints the fault report
+	@venv=$(VENV); $$venv/bin/python -m pytest -m faults $(PYTEST_ARGS)
 
 unit:  ## only the fast tests (no services, nothing slow)
 	@venv=$(VENV); $$venv/bin/python -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
