@@ -5,6 +5,7 @@
 #   deploy/services.sh up      start what is not running, then health-check all three (idempotent)
 #   deploy/services.sh down    stop them (by pid file; stale pid files are cleaned)
 #   deploy/services.sh status  show pid, health, URL and log of each; exit 3 if any is not healthy
+#   deploy/services.sh stop S  stop one service (kafka, redis or mlflow); `up` starts it again
 #   deploy/services.sh env     print the exports (CTR_KAFKA_BOOTSTRAP, CTR_REDIS_URL, CTR_MLFLOW_URI)
 #
 # Environment (defaults in brackets; ports are off the usual ones so a system Kafka/Redis/MLflow
@@ -427,6 +428,20 @@ EOF
   return $((bad ? 3 : 0))
 }
 
+cmd_stop() {
+  case "$1" in
+    kafka) stop_pid kafka "$KAFKA_PID" "$(kafka_marker)" ;;
+    redis) stop_pid redis "$REDIS_PID" "$(redis_marker)" ;;
+    mlflow) stop_pid mlflow "$MLFLOW_PID" "$(mlflow_marker)" ;;
+    *) die "stop: unknown service '$1'; expected kafka, redis or mlflow" ;;
+  esac
+}
+
+if [ "${1:-}" = stop ]; then
+  [ $# -eq 2 ] || die "usage: deploy/services.sh stop kafka|redis|mlflow"
+  cmd_stop "$2"
+  exit 0
+fi
 [ $# -eq 1 ] || usage
 check_ports
 case "$1" in

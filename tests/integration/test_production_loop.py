@@ -13,10 +13,11 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,7 +211,7 @@ def served_version(port: int, until: str | None = None, timeout_s: float = 60) -
                 served = json.loads(resp.read())["version"]
         except OSError:
             pass
-        if (until is None and served is not None) or served == until or time.monotonic() > deadline:
+        if (served is not None if until is None else served == until) or time.monotonic() > deadline:
             return served
         time.sleep(0.5)
 
@@ -363,3 +364,126 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
             assert position["kafka_offsets_from"] == previous_to  # no example skipped or repeated
         parent, previous_block, previous_to = v, block, position["kafka_offsets_to"]
     assert previous_block == len(reference[1]) // 60_000  # every full block was trained once
+
+
+class FleetClient(threading.Thread):
+    """Scores continuously against the fleet: each request goes to one replica, and to the other
+    if the first does not answer (killed, restarting, not ready). Counts what the fleet answered."""
+
+    def __init__(self, ports: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.ports, self.stop = ports, threading.Event()
+        self.answered = self.failed_over = self.unanswered = 0
+        self.versions: set[str] = set()
+
+    def _score(self, port: int) -> str | None:
+        body = json.dumps({"user_id": "user-7", "context": {}, "items": ["item-1", "item-2", "item-3"]})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/score", body.encode(), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return str(json.loads(resp.read())["version"])
+        except (OSError, ValueError):  # refused, reset, 503 while loading: ask the next replica
+            return None
+
+    def run(self) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            turn += 1
+            first, second = self.ports[turn % 2], self.ports[(turn + 1) % 2]
+            version = self._score(first)
+            if version is None:
+                version = self._score(second)
+                self.failed_over += version is not None
+            if version is None:
+                self.unanswered += 1
+            else:
+                self.answered += 1
+                self.versions.add(version)
+            time.sleep(0.02)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(1_800)  # four daemons over 300k events with a dozen restarts: minutes on 2 cores
+def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothing(
+    run: Run, reference: tuple[Run, dict[str, bytes]], fault_report: Callable[..., None]
+) -> None:
+    """>= 10 SIGKILLs at seeded random moments while the daemons work through the ~300k-event stream."""
+    ref_run, ref_examples = reference
+    rng = random.Random(8)
+    ports = [30_000 + random.randrange(5_000), 35_000 + random.randrange(5_000)]
+    args = {
+        "joiner": ("joiner", "--exit-when-idle", "20"),
+        "trainer": ("trainer", "--exit-when-idle", "30"),
+        **{f"replica-{p}": ("serve", "--port", str(p)) for p in ports},
+    }
+    procs = {name: run.start(*a) for name, a in args.items()}
+
+    from trainers.registry import MlflowModelStore
+
+    cfg = Config()
+    cfg.registry.model_name = run.model_name
+    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+    deadline = time.monotonic() + 600
+    while store.resolve("champion") is None:  # the fleet has something to serve
+        assert time.monotonic() < deadline, "no first version"
+        time.sleep(0.5)
+    for p in ports:
+        assert served_version(p) is not None
+    client = FleetClient(ports)
+    client.start()
+
+    kills: dict[str, int] = {"joiner": 0, "trainer": 0, "replica": 0}
+    recovered: dict[str, int] = dict.fromkeys(kills, 0)
+    for _ in range(12):
+        time.sleep(rng.uniform(1.0, 6.0))
+        name = rng.choice(["joiner", "trainer", *[f"replica-{p}" for p in ports]])
+        kind = name.split("-")[0]
+        procs[name].send_signal(signal.SIGKILL)
+        procs[name].wait()
+        kills[kind] += 1
+        procs[name] = run.start(*args[name])  # what systemd's Restart=on-failure does
+        if kind == "replica":  # back before the next kill: one replica down at a time
+            recovered[kind] += served_version(int(args[name][-1])) is not None
+        else:
+            time.sleep(1.0)
+            recovered[kind] += procs[name].poll() in (None, 0)
+    finish(procs["joiner"])
+    finish(procs["trainer"])
+    champion = store.resolve("champion")
+    replicas_on_champion = [served_version(p, until=champion) == champion for p in ports]
+    client.stop.set()
+    client.join()
+
+    examples, _ = run.examples()  # repeats are allowed only as byte-identical copies
+    lost = len(set(ref_examples) - set(examples))
+    versions = store.versions()
+    keys = [store.lineage(v)["lineage_key"] for v in versions]
+    fault_report("SIGKILL joiner (300k-event replay)", kills["joiner"], recovered["joiner"], lost, 0)
+    fault_report("SIGKILL trainer", kills["trainer"], recovered["trainer"], 0, len(keys) - len(set(keys)))
+    fault_report(
+        "SIGKILL replica (fleet under load)",
+        kills["replica"],
+        recovered["replica"],
+        client.unanswered,
+        0,
+        f"{client.answered} answered, {client.failed_over} by the other replica",
+    )
+    assert sum(kills.values()) == 12 and recovered == kills
+    assert examples == ref_examples  # no example lost, changed or invented
+    users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
+    items = [f"item-{i}@p{p}" for i in range(5) for p in range(PARTITIONS)]
+    assert online_features(run, users, items) == online_features(ref_run, users, items)
+    # the lineage: each full block trained once, a chain of versions over consecutive offsets
+    parent, previous_block, previous_to = "none", 0, None
+    for v in versions:
+        lineage = store.lineage(v)
+        assert lineage["parent_version"] == parent
+        block, position = int(lineage["block"]), json.loads(lineage["position"])
+        assert block > previous_block and int(lineage["examples"]) == 60_000
+        if block == previous_block + 1 and previous_to is not None:
+            assert position["kafka_offsets_from"] == previous_to
+        parent, previous_block, previous_to = v, block, position["kafka_offsets_to"]
+    assert len(keys) == len(set(keys)) and previous_block == len(ref_examples) // 60_000
+    # the fleet answered every request, and every replica came back on the champion
+    assert client.unanswered == 0 and client.answered > 0
+    assert all(replicas_on_champion)
