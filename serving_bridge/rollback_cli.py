@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pipeline.config import Config
 
 if TYPE_CHECKING:
-    from trainers.registry import MlflowModelStore
+    from serving_bridge.rollback import ModelRegistry
 
 __all__ = ["add_arguments", "run"]
 
@@ -33,16 +33,16 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     v.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _store(cfg: Config) -> MlflowModelStore | None:
+def _store(cfg: Config) -> ModelRegistry | None:
     if not cfg.registry.tracking_uri:
         print(
             "ctr: set CTR_REGISTRY_TRACKING_URI (e.g. http://127.0.0.1:15000, or sqlite:///runs/demo/mlflow.db)",
             file=sys.stderr,
         )
         return None
-    from trainers.registry import MlflowModelStore
+    from serving_bridge.rollback import ModelRegistry
 
-    return MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
+    return ModelRegistry(cfg.registry)
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:

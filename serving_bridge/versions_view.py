@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from serving_bridge.rollback import MODEL_TAG_PREFIX, TAG_PREFIX
-from trainers.registry import MlflowModelStore
+from serving_bridge.rollback import MODEL_TAG_PREFIX, TAG_PREFIX, ModelRegistry
+
+if TYPE_CHECKING:
+    from trainers.registry import MlflowModelStore
 
 __all__ = ["COLUMNS", "format_table", "model_rollback_tags", "version_rows"]
 
@@ -41,7 +43,7 @@ def _number(text: str | None) -> float | str | None:
         return text
 
 
-def version_rows(store: MlflowModelStore) -> list[dict[str, Any]]:
+def version_rows(store: ModelRegistry | MlflowModelStore) -> list[dict[str, Any]]:
     """One dict per version of ``store``'s model, newest first (empty if the model does not exist)."""
     try:
         found = store.client.search_model_versions(f"name = '{store.name}'")
@@ -65,7 +67,7 @@ def version_rows(store: MlflowModelStore) -> list[dict[str, Any]]:
     return rows
 
 
-def model_rollback_tags(store: MlflowModelStore) -> dict[str, str]:
+def model_rollback_tags(store: ModelRegistry | MlflowModelStore) -> dict[str, str]:
     """The registered model's ``last_rollback.*`` tags (empty if it has none or does not exist)."""
     try:
         tags = store.client.get_registered_model(store.name).tags or {}
