@@ -15,7 +15,7 @@ help:  ## list the targets
 demo:  ## run the whole online-learning loop in one process (embedded profile), about 5 minutes
 	@venv=$(VENV); $$venv/bin/ctr demo --out runs/demo
 
-test: services-up  ## install everything, start Kafka/Redis/MLflow, run the whole test suite
+test: services-up browser  ## install everything, start Kafka/Redis/MLflow, run the whole test suite
 	@venv=$(VENV); $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 faults: services-up  ## fault injection and hostile input against the real services; prints the fault report
@@ -36,7 +36,10 @@ lock:  ## recompile requirements.lock from requirements.in
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: services-up services-down services-status
+.PHONY: services-up services-down services-status browser
+
+browser:  ## headless Chromium + chromedriver from Debian for the MLflow UI test (installed when missing)
+	@./deploy/browser.sh
 
 services-up:  ## start local Kafka (KRaft), Redis and the MLflow server; idempotent, health-checked
 	@venv=$(VENV); CTR_VENV=$$venv ./deploy/services.sh up

@@ -6,6 +6,8 @@ ctr replay     run the loop over a JSONL or Avazu CSV file (embedded profile): a
 ctr backtest   replay a log at full speed, compare online vs static vs FTRL, write a report
 ctr status     services, lag, throughput, models and replicas on one screen (--json)
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
+ctr rollback   move the champion alias to an older version, with who/when/why (serving_bridge/rollback.py)
+ctr versions   versions, aliases, block metrics and rollback tags
 ctr deploy install   lay out config, environment file, state folders and systemd units (pipeline/deploy.py)
 """
 
@@ -83,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("config", help="print the effective configuration as JSON")
     _deploy_parser(sub)
+    from serving_bridge.rollback_cli import add_arguments as rollback_arguments
+
+    rollback_arguments(sub)
     return p
 
 
@@ -165,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "deploy":
         return _deploy(args)
+    if args.command in ("rollback", "versions"):
+        from serving_bridge import rollback_cli
+
+        return rollback_cli.run(cfg, args)
     if args.command == "serve":
         from serving_bridge.process import run_replica
 

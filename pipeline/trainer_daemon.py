@@ -33,6 +33,7 @@ from pipeline.config import Config
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from serving_bridge.server import NOTIFY_CHANNEL
+from trainers.alias_guard import move_alias_unless_moved
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.registry import MlflowModelStore
@@ -153,22 +154,28 @@ class TrainerDaemon:
         self, model: TorchLearner, lineage: dict[str, Any], metrics: dict[str, float], key: str
     ) -> None:
         """Before registering: the accepted candidate and where its block ended, durably."""
-        tmp = self.dir / ".learner.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        model.save(tmp, optimizer=True)
-        replace_dir(tmp, self.dir / "learner")
+        self._save_learner(model)
         pending = {"lineage": {**lineage, "lineage_key": key}, "metrics": metrics}
         meta = self._meta(pending=pending)
         meta["offsets"] = dict(self._closing_pos)  # the block's end, not what was read after it
         meta["champion_version"] = None
         write_json(self.dir / "meta.json", meta)
 
+    def _save_learner(self, model: TorchLearner) -> None:
+        tmp = self.dir / ".learner.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save(tmp, optimizer=True)
+        replace_dir(tmp, self.dir / "learner")
+
     def _finish_pending(self, pending: dict[str, Any]) -> None:
         champion = self.trainer.champion
         assert champion is not None
         version = self.store.register(champion, pending["lineage"], pending["metrics"])
-        self.store.set_alias(self.cfg.registry.champion_alias, version)
+        parent = pending["lineage"].get("parent_version")
+        parent = None if parent in (None, "none") else str(parent)
+        # gated against its parent: a rollback since then keeps the alias (the next block adopts it)
+        move_alias_unless_moved(self.store, self.cfg.registry.champion_alias, version, parent)
         champion.version = version
         self.trainer.has_champion = True
         write_json(self.dir / "meta.json", self._meta())
@@ -236,6 +243,11 @@ class TrainerDaemon:
 
     def _block_done(self, report: Any) -> None:
         self.counters["blocks"] += 1
+        if report.adopted_version is not None and report.version is None:
+            # the rolled-back champion is now the one we fine-tune: checkpoint its weights with its
+            # version (an accepted block's candidate was checkpointed by save_pending already)
+            assert self.trainer.champion is not None
+            self._save_learner(self.trainer.champion)
         self._prune_seen(report.event_time_max)
         write_json(self.dir / "meta.json", self._meta())
         self.source.commit(self.pos)
@@ -246,7 +258,7 @@ class TrainerDaemon:
             report.version,
             report.decision.reason,
         )
-        if report.version is not None:
+        if report.alias_moved:
             self._announce()
         self._block_metrics(report)
         logs.set_context(version=self.trainer.champion_version, offsets=dict(self.pos))

@@ -18,6 +18,10 @@ each learner's scores (e.g. for bootstrap confidence intervals over examples).
 Block 1 has no champion: the encoder schema is fitted on the block's field names (never labels),
 the untrained initial model does the progressive scoring, and the gate accepts any finite candidate.
 
+Manual rollbacks (:mod:`trainers.alias_guard`): before each block the trainer checks that the
+alias still names the version it promoted; if someone moved it, it adopts that version as its
+champion, so the next alias move needs a candidate that beats the rolled-back version.
+
 Resuming: with ``resume=True`` the store's champion alias is loaded as the champion. Examples still
 buffered (fewer than a block) are not durable: a caller that wants an exact resume passes, with each
 :meth:`IncrementalTrainer.add`, the source position after those examples and cuts its input so that
@@ -37,6 +41,7 @@ import numpy as np
 
 from pipeline.config import TrainerConfig
 from pipeline.events import LabelledExample
+from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate
 from trainers.learner import TorchLearner
@@ -100,6 +105,8 @@ class BlockReport:
     publish_seconds: float  # 0 when nothing was published
     position: Any = None  # the caller's source position when the block closed
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> progressive metrics
+    adopted_version: str | None = None  # set when someone else had moved the alias: the version adopted
+    alias_moved: bool = False  # whether this block moved the alias to ``version``
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
@@ -205,6 +212,7 @@ class IncrementalTrainer:
     # -- one block -------------------------------------------------------------------------------
     def _run_block(self, block: list[LabelledExample]) -> BlockReport:
         self.blocks += 1
+        adopted = self._follow_alias()
         block = sorted(block, key=lambda ex: ex.impression.ts)  # stable: newest last, for the holdout
         if self.champion is None:
             encoder = Encoder(self.cfg.hash_buckets).fit(block)
@@ -255,6 +263,7 @@ class IncrementalTrainer:
             publish_seconds=0.0,
             position=self._position,
             baselines={name: block_metrics(y, p) for name, p in p_base.items()},
+            adopted_version=adopted,
         )
         if self.on_scores is not None:
             scores = {"online": p_online} | ({"static": p_static} if p_static is not None else {}) | p_base
@@ -265,13 +274,27 @@ class IncrementalTrainer:
                 version = self.store.publish(
                     candidate, self._lineage(report, len(train)), _metrics_for_store(report)
                 )
-                self.store.set_alias(self.alias, version)
+                report.alias_moved = self._move_alias(version, gated_against=champion.version)
                 report.publish_seconds = time.perf_counter() - start
                 report.version = candidate.version = version
             else:
                 candidate.version = None
             self.champion, self.has_champion = candidate, True
         return report
+
+    def _follow_alias(self) -> str | None:
+        """Adopt the alias's version if someone else moved it off ours; the adopted version or None."""
+        if self.store is None:
+            return None
+        found = adopt_moved_alias(self.store, self.alias, self.champion_version)
+        if found is None:
+            return None
+        self.champion, self.has_champion = found, True
+        return str(found.version)
+
+    def _move_alias(self, version: str, gated_against: str | None) -> bool:
+        assert self.store is not None
+        return move_alias_unless_moved(self.store, self.alias, version, gated_against)
 
     def _lineage(self, report: BlockReport, n_train: int) -> dict[str, Any]:
         return {

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.config import TrainerConfig
 from pipeline.events import Impression, LabelledExample
 
-__all__ = ["InMemoryModelStore", "synthetic_examples"]
+__all__ = ["InMemoryModelStore", "publish_versions", "small_trainer_config", "synthetic_examples"]
 
 _START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -108,3 +109,34 @@ class InMemoryModelStore:
 
     def lineage(self, version: str) -> dict[str, Any]:
         return dict(self.lineages[version])
+
+
+def small_trainer_config(**overrides: Any) -> TrainerConfig:
+    """A logistic-regression trainer that closes a block every 2,000 examples in about a second on
+    one CPU thread; every finite candidate passes its gate (``gate_tolerance`` 1.0)."""
+    base: dict[str, Any] = dict(
+        model="lr",
+        hash_buckets=1 << 14,
+        batch_size=256,
+        device="cpu",
+        threads=1,
+        train_every=2_000,
+        holdout_fraction=0.2,
+        gate_tolerance=1.0,
+        seed=3,
+    )
+    return TrainerConfig(**(base | overrides))
+
+
+def publish_versions(store: Any, count: int, *, seed: int = 11) -> Any:
+    """Run ``count`` blocks of a small trainer into ``store`` (versions 1..count, alias ``champion``
+    on the last); the trainer, for more blocks (``synthetic_examples(..., seed=seed + 1)``)."""
+    from trainers.incremental import IncrementalTrainer
+
+    cfg = small_trainer_config()
+    trainer = IncrementalTrainer(cfg, store)
+    reports = trainer.add(synthetic_examples(count * cfg.train_every, seed=seed))
+    versions = [r.version for r in reports]
+    if len(versions) != count or None in versions:
+        raise RuntimeError(f"publish_versions: expected {count} published blocks, got {versions}")
+    return trainer
