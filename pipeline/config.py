@@ -90,6 +90,9 @@ class TrainerConfig:
     epochs_per_block: int = 1
     holdout_fraction: float = 0.1  # the newest share of a block held out for the gate
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
+    # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
+    # labels): drift lowers AUC toward 0.5, it does not invert it. 0 turns the check off.
+    min_champion_auc: float = 0.45
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 7
     threads: int = 0  # torch CPU threads; 0 = torch's default

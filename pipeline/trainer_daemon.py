@@ -251,7 +251,8 @@ class TrainerDaemon:
         self._prune_seen(report.event_time_max)
         write_json(self.dir / "meta.json", self._meta())
         self.source.commit(self.pos)
-        log.info(
+        log.log(  # a refusal is an operator's business: WARNING, with the gate's reason
+            logging.INFO if report.decision.accepted else logging.WARNING,
             "trainer: block %d %s (version %s): %s",
             report.index,
             "accepted" if report.decision.accepted else "refused",
@@ -277,6 +278,11 @@ class TrainerDaemon:
         m = self.metrics
         decision = "accepted" if report.decision.accepted else "refused"
         m.counter("ctr_trainer_blocks_total", "blocks trained, by gate decision", decision=decision).inc()
+        if not report.decision.accepted:
+            kind = report.decision.kind or "other"
+            m.counter(
+                "ctr_trainer_gate_refusals_total", "blocks refused by the gate, by why", kind=kind
+            ).inc()
         m.histogram(
             "ctr_trainer_block_train_seconds",
             "fine-tuning time of one block",

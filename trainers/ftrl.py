@@ -20,7 +20,7 @@ accuracy for numpy speed (one vectorised step instead of a Python loop per row).
 >>> batch = EncodedBatch(ids, np.zeros((400, 0), np.float32), y)
 >>> _ = m.learn(batch)
 >>> p = m.predict(batch[:2])
->>> bool(p[0] > 0.8 and p[1] < 0.2)
+>>> bool(p[0] > 0.6 and p[1] < 0.4)  # regularised: confident, not certain, after 400 examples
 True
 """
 

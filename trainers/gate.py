@@ -5,12 +5,22 @@ candidate's metric dict must be finite, except the metrics a single-class slice 
 (:data:`trainers.metrics.UNDEFINED_ON_ONE_CLASS`), which may be nan only when the slice really has
 one class. A champion whose own logloss is not finite is replaced by any finite candidate.
 
->>> gate({"logloss": 0.30}, None, 0.01)
-GateDecision(accepted=True, reason='no champion; candidate logloss 0.300000 is finite')
+>>> gate({"logloss": 0.30}, None, 0.01).reason
+'no champion; candidate logloss 0.300000 is finite'
 >>> gate({"logloss": 0.31}, {"logloss": 0.30}, 0.01).accepted
 False
 >>> gate({"logloss": float("nan")}, None, 0.01).reason
 "candidate metric 'logloss' is nan"
+
+Before any of that, :func:`labels_look_corrupt` checks the block itself: a champion that ranked the
+last blocks well but ranks this one far *below* chance (AUC < ``trainer.min_champion_auc``) means
+the labels turned against everything learnt so far (flipped labels, a joiner bug), not drift: the
+block is refused whatever the candidate scores on its equally corrupt holdout.
+
+>>> labels_look_corrupt({"auc": 0.31}, 0.45).kind
+'corrupt_labels'
+>>> labels_look_corrupt({"auc": 0.62}, 0.45) is None
+True
 """
 
 from __future__ import annotations
@@ -21,13 +31,27 @@ from dataclasses import dataclass
 
 from trainers.metrics import UNDEFINED_ON_ONE_CLASS
 
-__all__ = ["GateDecision", "gate"]
+__all__ = ["GateDecision", "gate", "labels_look_corrupt"]
 
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
     accepted: bool
     reason: str
+    kind: str = ""  # refusals: non_finite | worse_than_champion | corrupt_labels (a metric label)
+
+
+def labels_look_corrupt(champion_on_block: Mapping[str, float], min_auc: float) -> GateDecision | None:
+    """A refusal if the champion's progressive AUC on the block is below ``min_auc`` (0: never)."""
+    auc = float(champion_on_block.get("auc", math.nan))
+    if min_auc > 0 and math.isfinite(auc) and auc < min_auc:
+        return GateDecision(
+            False,
+            f"labels look corrupt: the champion's AUC on this block is {auc:.4f} < {min_auc:g} "
+            "(flipped labels?); block refused",
+            "corrupt_labels",
+        )
+    return None
 
 
 def _one_class(metrics: Mapping[str, float]) -> bool:
@@ -60,7 +84,7 @@ def gate(
         raise KeyError("gate: candidate metrics have no 'logloss'")
     bad = _non_finite(candidate)
     if bad is not None:
-        return GateDecision(False, bad)
+        return GateDecision(False, bad, "non_finite")
     cand = float(candidate["logloss"])
     if champion is None:
         return GateDecision(True, f"no champion; candidate logloss {cand:.6f} is finite")
@@ -70,6 +94,8 @@ def gate(
     limit = champ * (1.0 + tolerance)
     if cand > limit:
         return GateDecision(
-            False, f"candidate logloss {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})"
+            False,
+            f"candidate logloss {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})",
+            "worse_than_champion",
         )
     return GateDecision(True, f"candidate logloss {cand:.6f} <= champion {champ:.6f} * (1 + {tolerance:g})")

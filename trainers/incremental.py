@@ -43,7 +43,7 @@ from pipeline.config import TrainerConfig
 from pipeline.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.encoding import EncodedBatch, Encoder
-from trainers.gate import GateDecision, gate
+from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner
 from trainers.metrics import block_metrics
 
@@ -240,7 +240,8 @@ class IncrementalTrainer:
         cand_metrics = block_metrics(hold.labels, candidate.predict(hold)) | {"train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
         champ_metrics = block_metrics(hold.labels, p_online[n - n_hold :]) if self.has_champion else None
-        decision = gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
+        corrupt = labels_look_corrupt(online, self.cfg.min_champion_auc) if self.has_champion else None
+        decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
         if self.static is None:
             self.static = (candidate if decision.accepted else champion).clone(frozen=True)
 
