@@ -85,6 +85,19 @@ def test_rowwise_adam_resumes_from_a_sparse_adam_state_dict():
     assert rowwise.state[b.weight]["step"] == 2
 
 
+def test_a_cloned_learner_keeps_the_optimizer_mode_and_learns():
+    """TorchLearner.clone deep-copies the optimizers; Optimizer pickles only its own fields."""
+    learner = _learner()
+    learner._sparse_opt.compact = False  # type: ignore[union-attr]
+    learner.learn(_block(256))
+    twin = learner.clone()
+    assert isinstance(twin._sparse_opt, RowwiseAdam) and twin._sparse_opt.compact is False
+    before = twin.model.embedding.table.weight.detach().clone()
+    twin.learn(_block(256))
+    assert not torch.equal(twin.model.embedding.table.weight, before)
+    assert twin._sparse_opt.state[twin.model.embedding.table.weight]["step"] == 8
+
+
 def test_rowwise_adam_refuses_dense_gradients():
     p = torch.nn.Parameter(torch.zeros(3, 2))
     opt = RowwiseAdam([p])
@@ -109,8 +122,7 @@ def _block(n: int, fields: int = 4, rows: int = 1 << 12) -> EncodedBatch:
     return EncodedBatch(ids, dense, (rng.random(n) < 0.3).astype(np.float32))
 
 
-def test_learn_reads_the_device_once_per_block(monkeypatch):
-    """No ``.item()``/``.cpu()``/``float()`` per step: on a GPU each would stall the stream."""
+def _learner() -> TorchLearner:
     enc = Encoder.from_spec(
         {
             "version": 1,
@@ -122,7 +134,12 @@ def test_learn_reads_the_device_once_per_block(monkeypatch):
         }
     )
     cfg = TrainerConfig(hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=64, device="cpu")
-    learner = TorchLearner(cfg, enc)
+    return TorchLearner(cfg, enc)
+
+
+def test_learn_reads_the_device_once_per_block(monkeypatch):
+    """No ``.item()``/``.cpu()``/``float()`` per step: on a GPU each would stall the stream."""
+    learner = _learner()
     assert isinstance(learner._sparse_opt, RowwiseAdam)
     learner._sparse_opt.compact = False  # what it does on a GPU (on the CPU it reads a row count)
     reads: list[str] = []
@@ -141,6 +158,7 @@ def test_learn_reads_the_device_once_per_block(monkeypatch):
     assert np.isfinite(loss)
 
 
+@pytest.mark.slow
 def test_train_benchmark_quick_run_writes_its_json(tmp_path):
     out = tmp_path / "train.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--quick", "--rows", "4096"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -80,6 +81,16 @@ class RowwiseAdam(torch.optim.Optimizer):
             raise ValueError(f"RowwiseAdam: invalid lr={lr}, betas={betas} or eps={eps}")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
         self.compact: bool | None = None  # None: compact when the parameter is on the CPU
+
+    # Optimizer pickles (and deep-copies: TorchLearner.clone) only defaults, state and groups.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "compact": self.compact}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        compact = state.pop("compact", None)
+        super().__setstate__(state)
+        self.compact = compact
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
