@@ -33,6 +33,9 @@ format:  ## apply ruff's formatter and autofixes
 lock:  ## recompile requirements.lock from requirements.in
 	@venv=$(VENV); $$venv/bin/uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q --no-header
 
+bench:  ## trainer examples/s vs a plain reference loop (benchmarks/train.py; BENCH_ARGS="--quick" for a smoke run)
+	@venv=$(VENV); $$venv/bin/python benchmarks/train.py $(BENCH_ARGS)
+
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 

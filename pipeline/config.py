@@ -82,6 +82,7 @@ class TrainerConfig:
     model: str = "deepfm"  # deepfm | dcnv2 | lr
     train_every: int = 100_000  # labelled examples per block
     batch_size: int = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
+    batch_size_cuda: int = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
     hash_buckets: int = 1 << 20  # rows of the hashed embedding table
     embedding_dim: int = 16
     hidden: tuple[int, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2

@@ -2,6 +2,7 @@
 
 - :mod:`trainers.encoding` — impressions + streaming features -> hashed ids and dense inputs;
 - :mod:`trainers.models` — DeepFM and logistic regression over one shared hashed embedding table;
+- :mod:`trainers.rowwise` — :class:`RowwiseAdam`, lazy Adam on the embedding rows a batch used;
 - :mod:`trainers.learner` — :class:`TorchLearner`: learn / predict / clone / save / load;
 - :mod:`trainers.metrics` — AUC, logloss, normalized entropy, calibration;
 - :mod:`trainers.gate` — the promotion gate;

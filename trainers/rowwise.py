@@ -1,0 +1,131 @@
+"""A row-wise (lazy) Adam for the hashed embedding table: O(batch) per step, no host sync.
+
+:class:`RowwiseAdam` does the same arithmetic as ``torch.optim.SparseAdam`` (moments and weights
+change only on the rows a batch used; bias correction counts optimizer steps) and keeps the same
+state layout (``step``, ``exp_avg``, ``exp_avg_sq`` per parameter), so a state dict saved by one
+loads into the other. What differs is how repeated ids are merged. SparseAdam calls
+``grad.coalesce()``, whose output size depends on the data: on CPU the profile of a 4,096-row DeepFM
+step showed it (a sort plus sparse additions) as the largest cost, and on CUDA it makes the host
+wait for the device every step. Here :func:`merge_rows` sorts the ``n`` looked-up ids once and sums
+their gradients into ``n`` fixed slots; slots past the last distinct id repeat the last distinct
+row, so every tensor has a size known in advance and the duplicate writes carry identical values.
+
+>>> table = torch.nn.Embedding(10, 2, sparse=True)
+>>> opt = RowwiseAdam([table.weight], lr=0.1)
+>>> before = table.weight.detach().clone()
+>>> table(torch.tensor([[3, 3, 5]])).sum().backward()
+>>> opt.step()
+>>> changed = (table.weight != before).any(1).nonzero().flatten().tolist()
+>>> changed
+[3, 5]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["RowwiseAdam", "merge_rows"]
+
+
+def merge_rows(ids: Tensor, grads: Tensor, *, compact: bool = False) -> tuple[Tensor, Tensor]:
+    """Sum ``grads`` (``(n, dim)``) of repeated ``ids`` (``(n,)``) into ``n`` fixed-size slots.
+
+    Returns ``(rows, summed)``, both with ``n`` entries: slot ``k < d`` (``d`` distinct ids, in
+    ascending order) holds a distinct id and the sum of its gradients; slots ``k >= d`` repeat
+    slot ``d - 1`` exactly. No output size depends on the data, so nothing waits for the device.
+    ``compact=True`` returns the ``d`` distinct slots only: it reads ``d`` back, which costs
+    nothing on the CPU and saves the gathers and writes of repeated slots.
+    The sort is stable: on CPU the sums are added in lookup order, and a seed gives the same result.
+
+    >>> rows, summed = merge_rows(torch.tensor([5, 2, 5]), torch.tensor([[1.0], [2.0], [3.0]]))
+    >>> rows.tolist(), summed.flatten().tolist()
+    ([2, 5, 5], [2.0, 4.0, 4.0])
+    """
+    n = ids.numel()
+    sorted_ids, order = torch.sort(ids, stable=True)
+    starts = torch.ones(n, dtype=torch.bool, device=ids.device)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    slot = torch.cumsum(starts, 0) - 1  # the slot of each sorted lookup
+    summed = torch.zeros_like(grads).index_add_(0, slot, grads.index_select(0, order))
+    rows = torch.empty_like(ids).scatter_(0, slot, sorted_ids)
+    if compact:
+        distinct = int(slot[-1]) + 1
+        return rows[:distinct], summed[:distinct]
+    # Slots past the last distinct id were never written: point them at the last real slot.
+    # (index_select, not ``t[index]``: on CPU advanced indexing was 3x slower for these gathers.)
+    fill = torch.minimum(torch.arange(n, device=ids.device), slot[-1])
+    return rows.index_select(0, fill), summed.index_select(0, fill)
+
+
+class RowwiseAdam(torch.optim.Optimizer):
+    """Lazy Adam on sparse-gradient parameters (``nn.Embedding(sparse=True)`` tables), row by row.
+
+    A drop-in for ``torch.optim.SparseAdam`` (same defaults, same update, same state layout).
+    :attr:`compact` (default: parameters on the CPU) updates only the distinct rows of a batch,
+    at the price of reading their count back; off, every tensor has a fixed size (no host sync).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        if lr <= 0.0 or eps <= 0.0 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"RowwiseAdam: invalid lr={lr}, betas={betas} or eps={eps}")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+        self.compact: bool | None = None  # None: compact when the parameter is on the CPU
+
+    # Optimizer pickles (and deep-copies: TorchLearner.clone) only defaults, state and groups.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "compact": self.compact}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        compact = state.pop("compact", None)
+        super().__setstate__(state)
+        self.compact = compact
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Update the rows each parameter's sparse gradient names (see the module docstring)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if not grad.is_sparse:
+                    raise RuntimeError("RowwiseAdam: expects sparse gradients (nn.Embedding(sparse=True))")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                # The embedding backward leaves one (id, gradient row) per lookup: not coalesced.
+                ids = grad._indices()[0]
+                values = grad._values()
+                if ids.numel() == 0:
+                    continue
+                state["step"] += 1
+                step = state["step"]
+                compact = p.device.type == "cpu" if self.compact is None else self.compact
+                rows, g = merge_rows(ids, values.reshape(ids.numel(), -1), compact=compact)
+                m = state["exp_avg"].index_select(0, rows).lerp_(g, 1.0 - beta1)
+                v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+                state["exp_avg"].index_copy_(0, rows, m)
+                state["exp_avg_sq"].index_copy_(0, rows, v)
+                step_size = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+                new = p.index_select(0, rows).addcdiv_(m, v.sqrt_().add_(group["eps"]), value=-step_size)
+                p.index_copy_(0, rows, new)
+        return loss
