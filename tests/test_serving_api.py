@@ -10,6 +10,7 @@ import http.client
 import json
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -75,6 +76,7 @@ class Client:
         return self.request("POST", "/score", body, headers)
 
 
+@contextmanager
 def serve(
     store: DictStore, cfg: ServingConfig, reader: Any = None, challenger: bool = False
 ) -> Iterator[tuple[Client, ReplicaServer]]:
@@ -103,9 +105,9 @@ def serve(
 
 @pytest.fixture
 def api() -> Iterator[tuple[Client, ReplicaServer]]:
-    yield from serve(
-        DictStore({"3": ConstantModel(0.25)}, {"champion": "3"}), ServingConfig(max_candidates=5)
-    )
+    store = DictStore({"3": ConstantModel(0.25)}, {"champion": "3"})
+    with serve(store, ServingConfig(max_candidates=5)) as api:
+        yield api
 
 
 GOOD = {"user_id": "alice", "context": {"site": "s1"}, "items": ["a", "b", "c"]}
@@ -173,7 +175,7 @@ def test_openapi_document_is_served_and_is_what_validates(api) -> None:
 
 def test_bearer_token_guards_score_but_not_the_probes() -> None:
     store = DictStore({"1": ConstantModel(0.5)}, {"champion": "1"})
-    for client, _ in serve(store, ServingConfig(auth_token="s3cret")):
+    with serve(store, ServingConfig(auth_token="s3cret")) as (client, _):
         status, headers, body = client.score(GOOD)
         assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer") and body["error"]
         assert client.score(GOOD, Authorization="Bearer wrong")[0] == 401
@@ -187,9 +189,13 @@ def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
     gate = threading.Event()
     model = ConstantModel(0.5, gate)
     store = DictStore({"1": model}, {"champion": "1"})
-    for client, server in serve(store, ServingConfig(max_in_flight=2, retry_after_s=2)):
+    with serve(store, ServingConfig(max_in_flight=2, retry_after_s=2)) as (client, server):
         results: list[int] = []
-        held = [threading.Thread(target=lambda: results.append(client.score(GOOD)[0])) for _ in range(2)]
+
+        def hold() -> None:
+            results.append(client.score(GOOD)[0])
+
+        held = [threading.Thread(target=hold) for _ in range(2)]
         for t in held:
             t.start()
         for _ in held:  # both slots taken: the two requests are inside the model
@@ -208,7 +214,7 @@ def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
 
 
 def test_no_model_yet_is_503_and_not_ready() -> None:
-    for client, _ in serve(DictStore({}, {}), ServingConfig()):
+    with serve(DictStore({}, {}), ServingConfig()) as (client, _):
         status, headers, _ = client.score(GOOD)
         assert status == 503 and headers["Retry-After"] == "1"
         assert client.request("GET", "/readyz")[0] == 503
@@ -220,7 +226,7 @@ def test_challenger_scores_its_share_of_users_by_a_stable_hash() -> None:
         {"1": ConstantModel(0.1), "2": ConstantModel(0.9)}, {"champion": "1", "challenger": "2"}
     )
     users = [f"user-{i}" for i in range(60)]
-    for client, _ in serve(store, ServingConfig(challenger_share=0.5), challenger=True):
+    with serve(store, ServingConfig(challenger_share=0.5), challenger=True) as (client, _):
         answers = {u: client.score({"user_id": u, "items": ["a"]})[2] for u in users}
         for u, body in answers.items():
             arm = arm_of(u, 0.5)
@@ -239,15 +245,14 @@ def test_challenger_scores_its_share_of_users_by_a_stable_hash() -> None:
 
 def test_challenger_share_without_a_challenger_version_scores_with_the_champion() -> None:
     store = DictStore({"1": ConstantModel(0.1)}, {"champion": "1"})
-    for client, _ in serve(store, ServingConfig(challenger_share=1.0), challenger=True):
+    with serve(store, ServingConfig(challenger_share=1.0), challenger=True) as (client, _):
         assert client.score(GOOD)[2]["arm"] == "champion"
 
 
 def test_online_store_failure_scores_with_default_features_and_counts_it() -> None:
     model = ConstantModel(0.3)
-    for client, server in serve(
-        DictStore({"1": model}, {"champion": "1"}), ServingConfig(), reader=BrokenReader()
-    ):
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(), reader=BrokenReader()) as (client, server):
         for _ in range(3):
             assert client.score(GOOD)[0] == 200
         assert model.seen_features and model.seen_features[0]["user_impressions_1h"] == 0.0
