@@ -121,6 +121,7 @@ class ServingConfig:
     feature_path: str = "redis"
     feature_timeout_s: float = 0.1  # a Redis read slower than this scores with default features
     feature_retry_s: float = 1.0  # after a failed read, default features this long before retrying
+    torch_threads: int = 1  # torch intra-op threads of a replica; 0 = torch's default (one per core)
     challenger_alias: str = "challenger"  # the registry alias of the A/B challenger
     challenger_share: float = 0.0  # share of users (stable hash of the user id) the challenger scores
     # Bearer token required on POST /score; empty = none. Secret: CTR_SERVING_AUTH_TOKEN only.

@@ -44,6 +44,11 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
             "ctr serve needs an MLflow server: set CTR_REGISTRY_TRACKING_URI "
             "(e.g. http://127.0.0.1:15000; `make services-up` starts one)"
         )
+    if cfg.serving.torch_threads > 0:
+        # 100 rows per request are too few to split across cores; parallel requests use them instead
+        import torch
+
+        torch.set_num_threads(cfg.serving.torch_threads)
     store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
     feast_dir = Path(cfg.daemon.state_dir).expanduser() / "joiner" / "feast"
     reader = None
