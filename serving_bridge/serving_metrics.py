@@ -14,19 +14,17 @@ __all__ = ["collect_replica_metrics"]
 def collect_replica_metrics(server: Any) -> None:
     """Fill ``server.metrics`` from its router's replicas, feature reader and in-flight count."""
     m = server.metrics
-    m.clear("ctr_serving_version")  # one series per arm: the version served now
     for arm, r in (("champion", server.router.champion), ("challenger", server.router.challenger)):
         if r is None:
             continue
+        # champion: ctr_serving_version (the version of this replica); challenger: its own family
+        family = "ctr_serving_version" if arm == "champion" else "ctr_serving_challenger_version"
+        m.clear(family)  # one series: the version served now
         version = r.version
         if version is not None:
             # the version as a label (registry versions are strings) and, when numeric, as the value
             m.gauge(
-                "ctr_serving_version",
-                "the model version this replica serves",
-                replica=r.name,
-                arm=arm,
-                version=version,
+                family, f"the model version this replica's {arm} arm serves", replica=r.name, version=version
             ).set(int(version) if version.isdigit() else 1)
         m.counter("ctr_serving_swaps_total", "hot swaps to a new version", replica=r.name, arm=arm).set(
             len(r.swaps)

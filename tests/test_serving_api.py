@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import ServingConfig
+from pipeline.config import ConfigError, ServingConfig, load_config
 from pipeline.events import Pseudonymizer
 from serving_bridge.ab import ABRouter, arm_of
 from serving_bridge.feature_fallback import FallbackFeatures
@@ -241,6 +241,8 @@ def test_challenger_scores_its_share_of_users_by_a_stable_hash() -> None:
         n = arms.count("challenger") + (answers[users[0]]["arm"] == "challenger")
         assert f'ctr_serving_scored_total{{arm="challenger",version="2"}} {float(n)}' in metrics
         assert client.request("GET", "/version")[2]["challenger"] == "2"
+        assert 'ctr_serving_version{replica="r1",version="1"} 1.0' in metrics  # the champion's
+        assert 'ctr_serving_challenger_version{replica="r1",version="2"} 2.0' in metrics
 
 
 def test_challenger_share_without_a_challenger_version_scores_with_the_champion() -> None:
@@ -261,3 +263,13 @@ def test_online_store_failure_scores_with_default_features_and_counts_it() -> No
         metrics = client.request("GET", "/metrics")[2]
         assert "ctr_serving_feature_fallbacks_total 3.0" in metrics
         assert "ctr_serving_feature_store_up 0" in metrics
+
+
+def test_auth_token_is_a_secret_read_from_the_environment_only(tmp_path) -> None:
+    toml = tmp_path / "ctr.toml"
+    toml.write_text('[serving]\nauth_token = "in-a-file"\n')
+    with pytest.raises(ConfigError, match="CTR_SERVING_AUTH_TOKEN"):
+        load_config(toml, env={})
+    cfg = load_config(env={"CTR_SERVING_AUTH_TOKEN": "t0k"})
+    assert cfg.serving.auth_token == "t0k"
+    assert "auth_token" not in cfg.to_dict()["serving"] and "t0k" not in repr(cfg)
