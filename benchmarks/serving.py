@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                     swaps_before = swaps_of(port)
                     spy = None
                     if profiling:
-                        spy = start_py_spy(args, proc.pid, args.out.with_name("serving-profile.txt"))
+                        spy = start_py_spy(args, proc.pid, Path(tmp) / "profile.txt")
                     if swapping:
                         flipper = threading.Thread(
                             target=flip_alias, args=(args, model_name, versions, stop, flips)
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                     stop.set()
                     if spy is not None:
                         spy.wait(120)
-                        profile = top_costs(args.out.with_name("serving-profile.txt"))
+                        profile = top_costs(Path(tmp) / "profile.txt")
                     if flipper is not None:
                         flipper.join()
                     phases[path + suffix] = {
