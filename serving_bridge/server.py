@@ -270,7 +270,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not router.ready:
             self._send(503, {"error": "no model loaded yet"}, ("Retry-After", "1"))
             return
-        result, arm = router.score(req["user_id"], req.get("context", {}), req["items"])
+        try:
+            result, arm = router.score(req["user_id"], req.get("context", {}), req["items"])
+        except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
+            log.exception("serve: scoring failed for a valid request")
+            self._send(500, {"error": "internal error while scoring; see the replica's log"})
+            return
         server.metrics.counter(
             "ctr_serving_scored_total", "scored requests by arm and version", arm=arm, version=result.version
         ).inc()

@@ -51,6 +51,13 @@ class DictStore:
         return self.models[version]
 
 
+class BrokenModel(ConstantModel):
+    def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
+        if rows and rows[0].impression_id == "request":
+            raise RuntimeError("a model bug")
+        return super().predict_rows(rows, feats)
+
+
 class BrokenReader:
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         raise ConnectionError("redis is away")
@@ -273,3 +280,10 @@ def test_auth_token_is_a_secret_read_from_the_environment_only(tmp_path) -> None
     cfg = load_config(env={"CTR_SERVING_AUTH_TOKEN": "t0k"})
     assert cfg.serving.auth_token == "t0k"
     assert "auth_token" not in cfg.to_dict()["serving"] and "t0k" not in repr(cfg)
+
+
+def test_a_failing_model_answers_500_and_the_server_stays_up() -> None:
+    with serve(DictStore({"1": BrokenModel(0.5)}, {"champion": "1"}), ServingConfig()) as (client, _):
+        status, _, body = client.score(GOOD)
+        assert status == 500 and "internal error" in body["error"]
+        assert client.request("GET", "/healthz")[0] == 200
