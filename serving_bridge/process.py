@@ -28,7 +28,9 @@ def feature_reader(cfg: Config, feast_dir: Path) -> Any:
     if path not in FEATURE_PATHS:
         raise ValueError(f"serving.feature_path = {path!r} must be one of {FEATURE_PATHS}")
     store = connect_store(feast_dir)
-    if path == "redis" and getattr(store.config.online_store, "type", "") == "redis":
+    online = store.config.online_store
+    # the direct path knows a single Redis only (not redis_cluster / redis_sentinel): SDK otherwise
+    if path == "redis" and getattr(online, "type", "") == "redis" and online.redis_type == "redis":
         from features.redis_reader import RedisFeatureReader
 
         timeout = cfg.serving.feature_timeout_s
