@@ -184,6 +184,8 @@ class OnlineFeatureReader:
 
     One batched ``get_online_features`` call per request; an entity the store does not know gets
     :meth:`StreamingFeatures.defaults` (counts 0, CTR = prior), the same values the joiner uses.
+    (Feast's Redis store reports such an entity as PRESENT with an empty value, its SQLite store as
+    NOT_FOUND: both count as missing here.)
     Values are taken from the response proto, not ``OnlineResponse.to_dict()``, which converts
     every value through Feast's generic type map and is most of the read time (~3x slower).
     """
@@ -211,5 +213,7 @@ class OnlineFeatureReader:
         for name in self.feature_names:
             vec, field, default = by_name[name], self._fields[name], self._defaults[name]
             for row, value, status in zip(out, vec.values, vec.statuses, strict=True):
-                row[name] = float(getattr(value, field)) if status == _PRESENT else default
+                # Redis answers a missing entity with PRESENT and an empty value (SQLite: NOT_FOUND)
+                present = status == _PRESENT and value.HasField(field)
+                row[name] = float(getattr(value, field)) if present else default
         return out

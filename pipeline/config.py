@@ -112,8 +112,24 @@ class RegistryConfig:
 @dataclass
 class ServingConfig:
     replicas: int = 2  # in-process replicas (embedded profile)
-    poll_interval_s: float = 0.2  # how often a replica checks the champion alias
-    max_candidates: int = 1_000
+    poll_interval_s: float = (
+        1.0  # how often a replica polls its aliases (a Redis notification wakes it sooner)
+    )
+    max_candidates: int = 1_000  # most items one POST /score may carry (400 beyond)
+    max_body_bytes: int = 1_048_576  # larger POST /score bodies get 413
+    max_in_flight: int = 32  # /score requests processed at once; one more gets 503 + Retry-After
+    retry_after_s: float = 1.0  # the Retry-After of an overload 503
+    # Where features come from: "redis" reads Feast's Redis layout directly (one pipelined round
+    # trip, ~2x faster than the SDK; tests/integration/test_redis_reader.py pins it to the SDK's
+    # answers); "feast" goes through FeatureStore.get_online_features (any online store).
+    feature_path: str = "redis"
+    feature_timeout_s: float = 0.1  # a Redis read slower than this scores with default features
+    feature_retry_s: float = 1.0  # after a failed read, default features this long before retrying
+    torch_threads: int = 1  # torch intra-op threads of a replica; 0 = torch's default (one per core)
+    challenger_alias: str = "challenger"  # the registry alias of the A/B challenger
+    challenger_share: float = 0.0  # share of users (stable hash of the user id) the challenger scores
+    # Bearer token required on POST /score; empty = none. Secret: CTR_SERVING_AUTH_TOKEN only.
+    auth_token: str = field(default="", repr=False)
 
 
 @dataclass
@@ -219,10 +235,11 @@ class Config:
         out = dataclasses.asdict(self)
         out["validation"].pop("pseudonym_key", None)
         out["kafka"].pop("sasl_password", None)
+        out["serving"].pop("auth_token", None)
         return out
 
 
-_SECRETS = {("validation", "pseudonym_key"), ("kafka", "sasl_password")}
+_SECRETS = {("validation", "pseudonym_key"), ("kafka", "sasl_password"), ("serving", "auth_token")}
 
 
 def _cast(section: str, name: str, hint: Any, raw: Any) -> Any:

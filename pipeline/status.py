@@ -238,8 +238,14 @@ def _replicas(urls: Sequence[str]) -> list[dict[str, Any]]:
         try:
             answer = _http_json(base + "/version")
             entry.update(up=True, version=answer.get("version"), replica=answer.get("replica"))
+            entry["challenger"] = answer.get("challenger")
             samples = parse_prometheus(_http_text(base + "/metrics"))
-            swaps = [v for n, _, v in samples if n == "ctr_serving_last_swap_timestamp_seconds"]
+            swaps = [
+                v
+                for n, labels, v in samples
+                if n == "ctr_serving_last_swap_timestamp_seconds"
+                and labels.get("arm", "champion") == "champion"
+            ]
             entry["last_swap_at"] = max(swaps) if swaps else None
         except Exception as exc:
             entry.update(up=False, error=_error(exc))
@@ -333,7 +339,8 @@ def render(s: dict[str, Any]) -> str:
     for r in s["replicas"]:
         if r["up"]:
             fresh = _fmt(r["freshness_s"], ".1f")
-            lines.append(f"  {r['url']:<28} version {_fmt(r['version']):<6} freshness {fresh} s")
+            ab = f", challenger {r['challenger']}" if r.get("challenger") else ""
+            lines.append(f"  {r['url']:<28} version {_fmt(r['version']):<6} freshness {fresh} s{ab}")
         else:
             lines.append(f"  {r['url']:<28} DOWN  {r['error']}")
     return "\n".join(lines)

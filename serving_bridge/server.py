@@ -1,34 +1,41 @@
-"""`ctr serve`: one replica as an HTTP process (production profile).
+"""`ctr serve`: one replica as an HTTP/JSON process (production profile).
 
-Minimal JSON API (the full scoring API with OpenAPI, metrics and A/B comes with the serving issue):
+- ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str, ...]}`` ->
+  ``{"version", "arm", "replica", "probabilities"}``: one probability per candidate, the version
+  that made them and the A/B arm. The body is validated against the ``ScoreRequest`` schema of the
+  OpenAPI document (:mod:`serving_bridge.openapi`); bad input gets a 4xx and ``{"error": ...}``.
+- ``GET /openapi.json`` that document; ``GET /healthz`` 200 while the process runs;
+  ``GET /readyz`` 200 once a champion is loaded, else 503; ``GET /version``; ``GET /metrics``.
 
-- ``GET /healthz`` 200 while the process runs;
-- ``GET /readyz`` 200 once a model is loaded, else 503;
-- ``GET /version`` the version this replica serves;
-- ``GET /metrics`` Prometheus text: served version, swaps, requests by code, latency histogram;
-- ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str]}`` ->
-  ``{"version", "replica", "probabilities"}``; bad input gets 400 with a message.
+Overload: at most ``serving.max_in_flight`` requests are scored at once; one more is answered
+``503`` with ``Retry-After`` at once instead of queueing without bound, so latency stays bounded
+and the server recovers as soon as the load drops. Optional bearer token on ``/score``
+(``CTR_SERVING_AUTH_TOKEN``); the probes, ``/metrics`` and ``/openapi.json`` stay open.
 
-The replica watches the ``champion`` alias by polling MLflow and by a Redis pub/sub message the
-trainer publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first.
+The replica watches its aliases by polling MLflow and by a Redis pub/sub message the trainer
+publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import signal
 import threading
 import time
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from kafka.partitioner.default import murmur2
 
 from pipeline import logs, systemd
+from pipeline.config import ServingConfig
 from pipeline.metrics import CONTENT_TYPE, Registry
-from serving_bridge.replica import Replica
+from serving_bridge.ab import ABRouter
+from serving_bridge.feature_fallback import FallbackFeatures
+from serving_bridge.openapi import openapi_spec, request_schema, validate
+from serving_bridge.serving_metrics import collect_replica_metrics
 
 __all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "kafka_partition", "listen_for_swaps"]
 
@@ -36,13 +43,17 @@ log = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "ctr:champion-moved"
 
 
+class _Notifiable(Protocol):
+    def notify(self) -> None: ...
+
+
 def kafka_partition(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` (to find a user's joiner shard)."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-def listen_for_swaps(redis_url: str, replica: Replica, stop: threading.Event) -> threading.Thread:
-    """Wake ``replica`` whenever the trainer announces an alias move on Redis."""
+def listen_for_swaps(redis_url: str, replica: _Notifiable, stop: threading.Event) -> threading.Thread:
+    """Wake ``replica`` whenever the trainer (or an operator) announces an alias move on Redis."""
     import redis
 
     def run() -> None:
@@ -66,36 +77,50 @@ class ReplicaServer(ThreadingHTTPServer):
     # Request threads are joined on close: in-flight requests finish before the process exits.
     daemon_threads = False
     block_on_close = True
+    request_queue_size = 256  # listen backlog: the default 5 drops SYNs under a burst (1 s retries)
 
-    def __init__(self, host: str, port: int, replica: Replica, max_candidates: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        router: ABRouter,
+        cfg: ServingConfig | None = None,
+        *,
+        features: FallbackFeatures | None = None,
+    ) -> None:
         super().__init__((host, port), _Handler)
-        self.replica = replica
-        self.max_candidates = max_candidates
+        self.router = router
+        self.cfg = cfg or ServingConfig()
+        self.features = features
+        self.spec = openapi_spec(self.cfg.max_candidates, auth=bool(self.cfg.auth_token))
+        self.spec_body = json.dumps(self.spec).encode()
+        self.schema = request_schema(self.spec)
+        self._token = f"Bearer {self.cfg.auth_token}".encode() if self.cfg.auth_token else b""
+        self._admit = threading.Lock()
+        self.in_flight = 0  # POST /score requests being processed now
         self._status_version: str | None = None  # the version last reported to systemd
         self.metrics = Registry()
-        self.metrics.on_scrape(self._collect_metrics)
+        self.metrics.on_scrape(lambda: collect_replica_metrics(self))
 
-    def _collect_metrics(self) -> None:
-        m, r = self.metrics, self.replica
-        version = r.version
-        m.clear("ctr_serving_version")  # one series: the version served now
-        if version is not None:
-            # the version as a label (registry versions are strings) and, when numeric, as the value
-            m.gauge(
-                "ctr_serving_version",
-                "the model version this replica serves",
-                replica=r.name,
-                version=version,
-            ).set(int(version) if version.isdigit() else 1)
-        m.gauge("ctr_serving_ready", "1 once a model is loaded", replica=r.name).set(int(r.ready))
-        m.counter("ctr_serving_swaps_total", "hot swaps to a new version", replica=r.name).set(len(r.swaps))
-        m.counter("ctr_serving_load_errors_total", "versions that failed to load", replica=r.name).set(
-            r.load_errors
-        )
-        if r.swaps:
-            m.gauge(
-                "ctr_serving_last_swap_timestamp_seconds", "wall time of the last swap", replica=r.name
-            ).set(r.swaps[-1][1])
+    @property
+    def replica(self) -> Any:
+        """The champion replica (its version is "the" version of this process)."""
+        return self.router.champion
+
+    def authorized(self, header: str | None) -> bool:
+        return not self._token or hmac.compare_digest((header or "").encode(), self._token)
+
+    def try_admit(self) -> bool:
+        """Take one of ``max_in_flight`` slots without waiting; False = overloaded."""
+        with self._admit:
+            if self.in_flight >= self.cfg.max_in_flight:
+                return False
+            self.in_flight += 1
+            return True
+
+    def release(self) -> None:
+        with self._admit:
+            self.in_flight -= 1
 
     def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT; in-flight requests finish before the process exits."""
@@ -127,28 +152,53 @@ class ReplicaServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: ReplicaServer
+    protocol_version = "HTTP/1.1"  # keep-alive: no TCP handshake and no new thread per request
+    # Headers and body are two writes: with Nagle on, the body waits for the client's delayed ACK
+    # of the headers (~40 ms on Linux) on a kept-alive connection.
+    disable_nagle_algorithm = True
+    timeout = 10  # an idle keep-alive connection is closed after this (and frees its thread)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+    def _send(self, status: int, body: dict[str, Any] | bytes, *headers: tuple[str, str]) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
+    def _refuse(self, status: int, message: str, *headers: tuple[str, str]) -> None:
+        """An error answered before the body was read: the connection cannot be reused."""
+        self.close_connection = True
+        self._send(status, {"error": message}, *headers)
+
     def do_GET(self) -> None:
-        replica = self.server.replica
-        if self.path == "/healthz":
+        path = self.path.split("?", 1)[0]
+        router = self.server.router
+        if path == "/healthz":
             self._send(200, {"status": "ok"})
-        elif self.path == "/readyz":
-            ready = replica.ready
-            self._send(200 if ready else 503, {"ready": ready, "version": replica.version})
-        elif self.path == "/version":
-            self._send(200, {"version": replica.version, "replica": replica.name})
-        elif self.path == "/metrics":
+        elif path == "/readyz":
+            ready = router.ready
+            self._send(200 if ready else 503, {"ready": ready, "version": router.champion.version})
+        elif path == "/version":
+            challenger = router.challenger.version if router.challenger is not None else None
+            self._send(
+                200,
+                {
+                    "version": router.champion.version,
+                    "challenger": challenger,
+                    "replica": router.champion.name,
+                },
+            )
+        elif path == "/openapi.json":
+            self._send(200, self.server.spec_body)
+        elif path == "/metrics":
             data = self.server.metrics.render().encode()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)
@@ -156,15 +206,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         else:
-            self._send(404, {"error": f"no route {self.path}; try /score, /version, /readyz, /metrics"})
+            self._send(
+                404, {"error": f"no route GET {path}; try /score, /version, /readyz, /metrics, /openapi.json"}
+            )
 
     def do_POST(self) -> None:
         started = time.perf_counter()
         try:
             self._post()
         finally:
-            m = self.server.metrics
-            m.histogram("ctr_serving_request_seconds", "POST /score latency").observe(
+            self.server.metrics.histogram("ctr_serving_request_seconds", "POST /score latency").observe(
                 time.perf_counter() - started
             )
 
@@ -176,43 +227,67 @@ class _Handler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def _post(self) -> None:
-        if self.path != "/score":
-            self._send(404, {"error": f"no route {self.path}; POST /score"})
+        server = self.server
+        if self.path.split("?", 1)[0] != "/score":
+            self._refuse(404, f"no route POST {self.path}; POST /score")
+            return
+        if not server.authorized(self.headers.get("Authorization")):
+            self._refuse(401, "missing or wrong bearer token", ("WWW-Authenticate", 'Bearer realm="ctr"'))
+            return
+        raw_length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") or raw_length is None:
+            self._refuse(411, "send the JSON body with a Content-Length (no chunked encoding)")
             return
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if length > 1_000_000:
-                raise ValueError("request body over 1 MB")
-            req = json.loads(self.rfile.read(length) or b"null")
-            user, context, items = _parse(req, self.server.max_candidates)
-        except (ValueError, TypeError) as exc:
+            length = int(raw_length)
+            if length < 0:
+                raise ValueError(raw_length)
+        except ValueError:
+            self._refuse(400, f"bad Content-Length {raw_length!r}")
+            return
+        if length > server.cfg.max_body_bytes:
+            self._refuse(413, f"body of {length} bytes; at most {server.cfg.max_body_bytes}")
+            return
+        if not server.try_admit():
+            retry = str(max(1, round(server.cfg.retry_after_s)))
+            self._refuse(503, "overloaded: too many requests in flight; retry later", ("Retry-After", retry))
+            return
+        try:
+            self._score(self.rfile.read(length))
+        finally:
+            server.release()
+
+    def _score(self, body: bytes) -> None:
+        server = self.server
+        try:
+            req = json.loads(body)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            self._send(400, {"error": f"body is not valid JSON: {exc}"})
+            return
+        try:
+            validate(server.schema, req)
+        except ValueError as exc:
             self._send(400, {"error": str(exc)})
             return
-        replica = self.server.replica
-        if not replica.ready:
-            self.send_response(HTTPStatus.SERVICE_UNAVAILABLE)
-            self.send_header("Retry-After", "1")
-            self.end_headers()
+        router = server.router
+        if not router.ready:
+            self._send(503, {"error": "no model loaded yet"}, ("Retry-After", "1"))
             return
-        result = replica.score(user, context, items)
+        try:
+            result, arm = router.score(req["user_id"], req.get("context", {}), req["items"])
+        except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
+            log.exception("serve: scoring failed for a valid request")
+            self._send(500, {"error": "internal error while scoring; see the replica's log"})
+            return
+        server.metrics.counter(
+            "ctr_serving_scored_total", "scored requests by arm and version", arm=arm, version=result.version
+        ).inc()
         self._send(
-            200, {"version": result.version, "replica": result.replica, "probabilities": result.probabilities}
+            200,
+            {
+                "version": result.version,
+                "arm": arm,
+                "replica": result.replica,
+                "probabilities": result.probabilities,
+            },
         )
-
-
-def _parse(req: Any, max_candidates: int) -> tuple[str, dict[str, str], list[str]]:
-    if not isinstance(req, dict):
-        raise ValueError("body must be a JSON object with user_id, context and items")
-    unknown = set(req) - {"user_id", "context", "items"}
-    if unknown:
-        raise ValueError(f"unknown fields: {sorted(unknown)}")
-    user, context, items = req.get("user_id"), req.get("context", {}), req.get("items")
-    if not isinstance(user, str) or not user:
-        raise ValueError("user_id must be a non-empty string")
-    if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
-        raise ValueError("context must be an object of string values")
-    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
-        raise ValueError("items must be a non-empty list of strings")
-    if len(items) > max_candidates:
-        raise ValueError(f"{len(items)} items; at most {max_candidates} per request")
-    return user, context, items

@@ -18,7 +18,13 @@ import numpy as np
 from pipeline.config import TrainerConfig
 from pipeline.events import Impression, LabelledExample
 
-__all__ = ["InMemoryModelStore", "publish_versions", "small_trainer_config", "synthetic_examples"]
+__all__ = [
+    "InMemoryModelStore",
+    "publish_versions",
+    "small_trainer_config",
+    "synthetic_examples",
+    "tiny_learner",
+]
 
 _START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -140,3 +146,18 @@ def publish_versions(store: Any, count: int, *, seed: int = 11) -> Any:
     if len(versions) != count or None in versions:
         raise RuntimeError(f"publish_versions: expected {count} published blocks, got {versions}")
     return trainer
+
+
+def tiny_learner(seed: int = 0, n: int = 400) -> Any:
+    """A small DeepFM on the CPU fitted on ``n`` synthetic examples: quick to publish, load and swap
+    (serving tests and benchmarks). Each ``seed`` gives different weights, so versions differ."""
+    from trainers.encoding import Encoder
+    from trainers.learner import TorchLearner
+
+    cfg = TrainerConfig(
+        hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=128, device="cpu", seed=seed, threads=1
+    )
+    examples = synthetic_examples(n, seed=seed)
+    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+    learner.learn(examples)
+    return learner

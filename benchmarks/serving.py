@@ -1,0 +1,368 @@
+"""Serving latency: 1 user x 100 candidates, features from Redis, at a fixed offered load (open loop).
+
+One run measures, against the real services (Redis, the MLflow server):
+
+- ``features``: the feature read alone, in process, 1 user + 100 items: the direct Redis reader
+  (:mod:`features.redis_reader`) vs Feast's SDK (:class:`features.store.OnlineFeatureReader`);
+- ``redis``: a ``ctr serve`` process with ``serving.feature_path = redis``, steady state;
+- ``redis+swaps``: the same process while the ``champion`` alias flips between two versions every
+  ``--swap-every`` seconds (each flip: the replica downloads, loads and warms a version);
+- ``feast``: a ``ctr serve`` process with ``serving.feature_path = feast`` (the reference), steady.
+
+Open loop: request *k* is due at ``t0 + k / rate`` whatever happened before; its latency is counted
+from that due time to the last byte of the answer, so a stall shows up in the tail instead of
+slowing the load down (no coordinated omission). ``--threads`` client threads with keep-alive
+connections send the requests. The model is the default DeepFM (``--buckets`` hashed rows).
+
+Prints a table and writes ``benchmarks/results/serving.json`` (``p50_ms``, ``p99_ms``,
+``p999_ms``, ``qps``, ``errors``, ``p99_during_swap_ms``, ``feast_sdk_p99_ms`` and per-phase detail).
+Run: ``python benchmarks/serving.py [--rate 100] [--seconds 30]`` with the services up
+(``make services-up``); it uses Redis db 15 and uuid names, and removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from load_tools import open_loop, percentiles, start_py_spy, top_costs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # kafka-python's import-time noise
+START_MS = 1_767_225_600_000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rate", type=float, default=100.0, help="offered requests per second (open loop)")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per phase")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each phase")
+    p.add_argument("--candidates", type=int, default=100, help="items per request")
+    p.add_argument("--users", type=int, default=2_000, help="users with features in the store")
+    p.add_argument("--items", type=int, default=5_000, help="items with features in the store")
+    p.add_argument("--threads", type=int, default=8, help="client threads (keep-alive connections)")
+    p.add_argument("--buckets", type=int, default=1 << 16, help="hashed embedding rows of the model")
+    p.add_argument("--swap-every", type=float, default=2.0, help="seconds between alias flips (swap phase)")
+    p.add_argument("--feature-reads", type=int, default=1_000, help="in-process feature reads per path")
+    p.add_argument("--redis-url", default=os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    p.add_argument("--mlflow-uri", default=os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"))
+    p.add_argument("--py-spy", default="", help="path of a py-spy binary: one more redis phase, profiled")
+    p.add_argument("--out", type=Path, default=RESULTS / "serving.json")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------- set-up
+def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[Any, list[str], list[str]]:
+    """A production Feast store on db 15 holding features of ``--users`` users and ``--items`` items."""
+    from features.aggregations import StreamingFeatures
+    from features.store import FeatureWriter, open_store
+    from pipeline.config import Config, FeatureConfig
+    from pipeline.events import Pseudonymizer
+    from pipeline.partition_task import item_shard_key
+    from serving_bridge.server import kafka_partition
+
+    cfg = Config()
+    store = open_store(state / "joiner" / "feast", "production", args.redis_url, project)
+    pseudo = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
+    users = [f"user-{i}" for i in range(args.users)]
+    items = [f"item-{i}" for i in range(args.items)]
+    sf = StreamingFeatures(FeatureConfig())
+    rng = random.Random(3)
+    ts = START_MS
+    for _ in range(50_000):  # Zipf-ish traffic: features for every user and most items x shards
+        ts += 10
+        user = (
+            users[min(int(rng.paretovariate(1.0)) - 1, len(users) - 1)]
+            if rng.random() < 0.3
+            else rng.choice(users)
+        )
+        item = rng.choice(items)
+        shard = kafka_partition(user, cfg.kafka.partitions)
+        sf.record_impression(pseudo(user), item_shard_key(item, shard), ts)
+        if rng.random() < 0.05:
+            sf.record_click(pseudo(user), item_shard_key(item, shard), ts + 1)
+    FeatureWriter(store, offline=False).push(*sf.drain_dirty())
+    return store, users, items
+
+
+def publish_versions(args: argparse.Namespace, model_name: str, experiment: str) -> list[str]:
+    """Two versions of the default DeepFM (``--buckets`` rows) in the MLflow server."""
+    from pipeline.config import RegistryConfig, TrainerConfig
+    from trainers.encoding import Encoder
+    from trainers.learner import TorchLearner
+    from trainers.registry import MlflowModelStore
+    from trainers.testing import synthetic_examples
+
+    store = MlflowModelStore(RegistryConfig(model_name=model_name, experiment=experiment), args.mlflow_uri)
+    versions = []
+    for seed in (1, 2):
+        cfg = TrainerConfig(hash_buckets=args.buckets, device="cpu", seed=seed)
+        examples = synthetic_examples(2_000, seed=seed)
+        learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+        learner.learn(examples)
+        versions.append(store.publish(learner, {"block": seed}, {"logloss": 0.5}))
+    store.set_alias("champion", versions[0])
+    return versions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_replica(env: dict[str, str], feature_path: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)],
+        env={**env, "CTR_SERVING_FEATURE_PATH": feature_path},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ctr serve exited with {proc.returncode}; see {log}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"ctr serve on {port} not ready after 300 s; see {log}")
+
+
+# ------------------------------------------------------------------------------------- load
+def flip_alias(
+    args: argparse.Namespace, model_name: str, versions: list[str], stop: threading.Event, flips: list[float]
+) -> None:
+    """Move ``champion`` between the two versions every ``--swap-every`` s and announce it."""
+    import redis
+    from mlflow import MlflowClient
+
+    from serving_bridge.server import NOTIFY_CHANNEL
+
+    client = MlflowClient(tracking_uri=args.mlflow_uri, registry_uri=args.mlflow_uri)
+    bus = redis.Redis.from_url(args.redis_url)
+    k = 1
+    while not stop.wait(args.swap_every):
+        client.set_registered_model_alias(model_name, "champion", versions[k % 2])
+        bus.publish(NOTIFY_CHANNEL, b"1")
+        flips.append(time.time())
+        k += 1
+    client.set_registered_model_alias(model_name, "champion", versions[0])
+
+
+def swaps_of(port: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("ctr_serving_swaps_total") and 'arm="champion"' in line
+    )
+
+
+def feature_reads(
+    store: Any, users: list[str], items: list[str], n: int, k: int
+) -> dict[str, dict[str, float]]:
+    """Direct vs SDK feature reads in process, 1 user + ``k`` items each, interleaved."""
+    from features.redis_reader import RedisFeatureReader
+    from features.store import OnlineFeatureReader
+
+    readers = {"direct": RedisFeatureReader.for_store(store), "feast_sdk": OnlineFeatureReader(store)}
+    rng = random.Random(9)
+    times: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(n):
+        user, cands = rng.choice(users), rng.sample(items, k)
+        for name, reader in readers.items():
+            t = time.perf_counter()
+            reader.get(user, cands)
+            times[name].append((time.perf_counter() - t) * 1000.0)
+    return {name: percentiles(ms) for name, ms in times.items()}
+
+
+# ------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tag = uuid.uuid4().hex[:10]
+    model_name, experiment, project = f"bench-serving-{tag}", f"bench-serving-{tag}", f"bench_{tag}"
+    db15 = args.redis_url.rsplit("/", 1)[0] + "/15"
+    args.redis_url = db15
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="ctr-bench-serving-") as tmp:
+        state = Path(tmp) / "state"
+        try:
+            print(
+                f"set-up: Feast store on {db15} (project {project}), two versions of {model_name} ...",
+                flush=True,
+            )
+            store, users, items = build_store(args, state, project)
+            versions = publish_versions(args, model_name, experiment)
+            feats = feature_reads(store, users, items, args.feature_reads, args.candidates)
+            env = {
+                **os.environ,
+                "CTR_REGISTRY_TRACKING_URI": args.mlflow_uri,
+                "CTR_REGISTRY_MODEL_NAME": model_name,
+                "CTR_REGISTRY_EXPERIMENT": experiment,
+                "CTR_DAEMON_REDIS_URL": db15,
+                "CTR_DAEMON_STATE_DIR": str(state),
+                "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+            }
+            rng = random.Random(11)
+            bodies = [
+                json.dumps(
+                    {
+                        "user_id": rng.choice(users),
+                        "context": {"site": "s1", "device": "d2"},
+                        "items": rng.sample(items, args.candidates),
+                    }
+                ).encode()
+                for _ in range(500)
+            ]
+            phases: dict[str, dict[str, Any]] = {}
+            profile: dict[str, list[tuple[str, float]]] = {}
+            for path in ("redis", "feast"):
+                proc, port = start_replica(env, path, Path(tmp) / f"serve-{path}.log")
+                procs.append(proc)
+                open_loop(port, bodies, args.rate, args.warmup, args.threads)  # warm-up, not counted
+                runs = [("", False, False)]
+                if path == "redis":  # the profiled phase is extra: py-spy itself costs CPU
+                    runs += [("+swaps", True, False)] + ([("+py-spy", False, True)] if args.py_spy else [])
+                for suffix, swapping, profiling in runs:
+                    stop = threading.Event()
+                    flips: list[float] = []
+                    flipper = None
+                    swaps_before = swaps_of(port)
+                    spy = None
+                    if profiling:
+                        spy = start_py_spy(args, proc.pid, Path(tmp) / "profile.txt")
+                    if swapping:
+                        flipper = threading.Thread(
+                            target=flip_alias, args=(args, model_name, versions, stop, flips)
+                        )
+                        flipper.start()
+                    lat, errors, qps, served = open_loop(port, bodies, args.rate, args.seconds, args.threads)
+                    stop.set()
+                    if spy is not None:
+                        spy.wait(120)
+                        profile = top_costs(Path(tmp) / "profile.txt")
+                    if flipper is not None:
+                        flipper.join()
+                    phases[path + suffix] = {
+                        **percentiles(lat),
+                        "qps": round(qps, 1),
+                        "errors": errors,
+                        "requests": len(lat) + errors,
+                        "versions_served": served,
+                        "swaps": swaps_of(port) - swaps_before,
+                    }
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            cleanup(args, model_name, experiment, project)
+
+    steady, swap, ref = phases["redis"], phases["redis+swaps"], phases["feast"]
+    print(f"\noffered load {args.rate:g} req/s, {args.candidates} candidates, {args.seconds:g} s per phase")
+    print(
+        f"{'phase':<14}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'max ms':>9}"
+        f"{'qps':>8}{'errors':>8}{'swaps':>7}"
+    )
+    for name, ph in phases.items():
+        print(
+            f"{name:<14}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['p999_ms']:>9.2f}{ph['max_ms']:>9.2f}"
+            f"{ph['qps']:>8.1f}{ph['errors']:>8}{ph['swaps']:>7.0f}"
+        )
+    print(
+        f"\nfeature read alone, 1 user + {args.candidates} items "
+        f"({args.feature_reads} reads each, in process):"
+    )
+    for name, f in feats.items():
+        print(f"  {name:<10} p50 {f['p50_ms']:.2f} ms  p99 {f['p99_ms']:.2f} ms")
+    ratio = feats["feast_sdk"]["p50_ms"] / feats["direct"]["p50_ms"]
+    print(f"  SDK / direct (p50): {ratio:.2f}x")
+    for kind, rows in profile.items():
+        print(f"\npy-spy, redis phase (extra, profiled): top {kind} (share of samples)")
+        for frame, share in rows:
+            print(f"  {share:6.1%}  {frame}")
+    result = {
+        "p50_ms": steady["p50_ms"],
+        "p99_ms": steady["p99_ms"],
+        "p999_ms": steady["p999_ms"],
+        "qps": steady["qps"],
+        "errors": steady["errors"] + swap["errors"] + ref["errors"],
+        "p99_during_swap_ms": swap["p99_ms"],
+        "p999_during_swap_ms": swap["p999_ms"],
+        "swaps_during_swap_phase": swap["swaps"],
+        "feast_sdk_p50_ms": ref["p50_ms"],
+        "feast_sdk_p99_ms": ref["p99_ms"],
+        "feast_sdk_p999_ms": ref["p999_ms"],
+        "feature_read_direct": feats["direct"],
+        "feature_read_feast_sdk": feats["feast_sdk"],
+        "feature_read_sdk_over_direct_p50": round(ratio, 2),
+        "phases": phases,
+        "profile": {k: [[f, round(v, 4)] for f, v in rows] for k, rows in profile.items()},
+        "meta": {
+            "offered_qps": args.rate,
+            "seconds_per_phase": args.seconds,
+            "candidates": args.candidates,
+            "client_threads": args.threads,
+            "model": f"deepfm, {args.buckets} hashed rows, default dims",
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def cleanup(args: argparse.Namespace, model_name: str, experiment: str, project: str) -> None:
+    """Remove the benchmark's registered model, experiment and Redis keys (never anything else)."""
+    import redis
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=args.mlflow_uri, registry_uri=args.mlflow_uri)
+        if client.search_model_versions(f"name='{model_name}'"):
+            client.delete_registered_model(model_name)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is not None:
+            client.delete_experiment(exp.experiment_id)
+    except Exception as exc:
+        print(f"warning: mlflow cleanup failed: {exc!r}")
+    r = redis.Redis.from_url(args.redis_url)
+    keys = list(r.scan_iter(match=f"*{project}".encode(), count=1000))
+    if keys:
+        r.delete(*keys)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The direct Redis feature path against Feast's SDK on the real Redis, and a replica with Redis away."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from features.aggregations import StreamingFeatures
+from features.redis_reader import RedisFeatureReader
+from features.store import FeatureWriter, OnlineFeatureReader, open_store
+from pipeline.config import FeatureConfig, ServingConfig
+from tests.test_serving_api import GOOD, ConstantModel, DictStore, serve
+
+START_MS = 1_767_225_600_000
+
+
+def _test_db_url(services: dict[str, str]) -> str:
+    return services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15"  # never the production db 0
+
+
+@pytest.fixture
+def feast_store(services: dict[str, str], tmp_path: Path) -> Iterator[tuple[object, str]]:
+    """A production-profile Feast store on the test Redis db, its own project; keys removed after."""
+    project = f"it_{uuid.uuid4().hex[:12]}"
+    url = _test_db_url(services)
+    store = open_store(tmp_path / "feast", "production", url, project)
+    yield store, url
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"*{project}".encode(), count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def sdk_raw(store: object, user: str, items: list[str]) -> list[dict[str, float | None]]:
+    """What get_online_features returns, value by value (None where it holds no value)."""
+    sf = StreamingFeatures(FeatureConfig())
+    refs = [f"user_stats:{n}" for n in sf.user_names] + [f"item_stats:{n}" for n in sf.item_names]
+    proto = store.get_online_features(  # type: ignore[attr-defined]
+        features=refs, entity_rows={"user_id": [user] * len(items), "item_id": items}
+    ).proto
+    rows: list[dict[str, float | None]] = [{} for _ in items]
+    for name, vec in zip(proto.metadata.feature_names.val, proto.results, strict=True):
+        if name in ("user_id", "item_id"):
+            continue
+        for row, value in zip(rows, vec.values, strict=True):
+            kind = value.WhichOneof("val")
+            row[name] = None if kind is None else float(getattr(value, kind))
+    return rows
+
+
+def test_direct_reads_equal_the_feast_sdk_for_present_and_missing_entities(feast_store) -> None:
+    store, _ = feast_store
+    sf = StreamingFeatures(FeatureConfig())
+    writer = FeatureWriter(store, offline=False)
+    direct = RedisFeatureReader.for_store(store)
+    sdk = OnlineFeatureReader(store)
+    rng = random.Random(5)
+    users, items = [f"u_{i}" for i in range(20)], [f"item{i}@p{i % 3}" for i in range(40)]
+    ts = START_MS
+    for push in range(4):  # several pushes: values overwritten, entities added
+        for _ in range(500):
+            ts += rng.randrange(1, 2_000)
+            u, i = rng.choice(users[: 10 + 3 * push]), rng.choice(items[: 20 + 5 * push])
+            sf.record_impression(u, i, ts)
+            if rng.random() < 0.2:
+                sf.record_click(u, i, ts + 1)
+        writer.push(*sf.drain_dirty())
+        candidates = [*items[:30], "never-seen-item", items[0]]  # missing and repeated candidates
+        for user in ("u_0", users[12], "never-seen-user"):
+            user_raw, items_raw = direct.read_raw(user, candidates)
+            assert [user_raw | it for it in items_raw] == sdk_raw(store, user, candidates)
+            assert direct.get(user, candidates) == sdk.get(user, candidates)
+    user_raw, items_raw = direct.read_raw("never-seen-user", ["never-seen-item", items[0]])
+    assert set(user_raw.values()) == {None} and set(items_raw[0].values()) == {None}
+    assert None not in items_raw[1].values()  # present entities come back whole
+    defaults = sf.defaults()
+    row = direct.get("never-seen-user", ["never-seen-item"])[0]
+    assert row == defaults and defaults["user_ctr_1h"] > 0  # missing = documented defaults (prior CTR)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+
+
+def test_replica_keeps_serving_with_default_features_while_redis_is_away(tmp_path: Path) -> None:
+    """Our own redis-server (the shared one is never stopped): stop it mid-traffic, then restart it."""
+    port = _free_port()
+    proc = _start_redis(port, tmp_path)
+    try:
+        store = open_store(tmp_path / "feast", "production", f"redis://127.0.0.1:{port}/0", "away")
+        sf = StreamingFeatures(FeatureConfig())
+        for k in range(5):
+            sf.record_impression("u_x", "a", START_MS + k)
+        FeatureWriter(store, offline=False).push(*sf.drain_dirty())
+        model = ConstantModel(0.4)
+        reader = RedisFeatureReader.for_store(store, socket_timeout=0.2, socket_connect_timeout=0.2)
+        with serve(DictStore({"1": model}, {"champion": "1"}), ServingConfig(), reader=reader) as (
+            client,
+            server,
+        ):
+            features = server.features
+            assert features is not None
+            features.retry_s = 0.2
+            # the server pseudonymizes "alice"; map it to the pushed user by pushing under its pseudonym
+            pseudo = server.router.champion.pseudonymize("alice")
+            sf.record_impression(pseudo, "a", START_MS + 10)
+            FeatureWriter(store, offline=False).push(*sf.drain_dirty())
+            assert client.score({**GOOD, "items": ["a"]})[0] == 200
+            assert model.seen_features[0]["user_impressions_1h"] == 1.0  # read from Redis
+            proc.terminate()
+            proc.wait(30)
+            statuses = [client.score({**GOOD, "items": ["a"]})[0] for _ in range(20)]
+            assert statuses == [200] * 20  # no 5xx while Redis is away
+            assert model.seen_features[0]["user_impressions_1h"] == 0.0  # defaults
+            assert features.fallbacks >= 20 and features.failures >= 1
+            metrics = client.request("GET", "/metrics")[2]
+            assert "ctr_serving_feature_fallbacks_total" in metrics
+            assert "ctr_serving_feature_store_up 0" in metrics
+            proc = _start_redis(port, tmp_path)  # back (empty: no persistence): reads resume
+            deadline = time.monotonic() + 30
+            while features.healthy is False and time.monotonic() < deadline:
+                assert client.score({**GOOD, "items": ["a"]})[0] == 200
+                time.sleep(0.1)
+            assert features.healthy
+    finally:
+        proc.kill()
+        proc.wait(30)

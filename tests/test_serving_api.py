@@ -1,0 +1,289 @@
+"""The scoring API in-process: validation, auth, overload, A/B arms, feature fallback, OpenAPI.
+
+The model store and the learner are small doubles here (this is the HTTP layer's unit test);
+tests/integration/test_serving_fleet.py runs real `ctr serve` processes over MLflow and Redis.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from pipeline.config import ConfigError, ServingConfig, load_config
+from pipeline.events import Pseudonymizer
+from serving_bridge.ab import ABRouter, arm_of
+from serving_bridge.feature_fallback import FallbackFeatures
+from serving_bridge.replica import Replica
+from serving_bridge.server import ReplicaServer
+
+
+class ConstantModel:
+    """Scores every row with one probability; ``gate`` (if set) holds predictions until released."""
+
+    def __init__(self, p: float, gate: threading.Event | None = None) -> None:
+        self.p, self.gate = p, gate
+        self.entered = threading.Semaphore(0)
+        self.seen_features: list[dict[str, float]] = []
+
+    def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
+        if rows and rows[0].impression_id == "request":
+            self.seen_features = list(feats)
+            if self.gate is not None:
+                self.entered.release()
+                assert self.gate.wait(30)
+        return [self.p] * len(rows)
+
+
+class DictStore:
+    def __init__(self, models: dict[str, ConstantModel], aliases: dict[str, str]) -> None:
+        self.models, self.aliases = models, aliases
+
+    def resolve(self, alias: str) -> str | None:
+        return self.aliases.get(alias)
+
+    def load(self, version: str) -> ConstantModel:
+        return self.models[version]
+
+
+class BrokenModel(ConstantModel):
+    def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
+        if rows and rows[0].impression_id == "request":
+            raise RuntimeError("a model bug")
+        return super().predict_rows(rows, feats)
+
+
+class BrokenReader:
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        raise ConnectionError("redis is away")
+
+
+class Client:
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers=headers or {})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        ctype = resp.getheader("Content-Type", "")
+        return resp.status, dict(resp.getheaders()), json.loads(raw) if "json" in ctype else raw.decode()
+
+    def score(self, body: Any, **headers: str) -> tuple[int, dict[str, str], Any]:
+        return self.request("POST", "/score", body, headers)
+
+
+@contextmanager
+def serve(
+    store: DictStore, cfg: ServingConfig, reader: Any = None, challenger: bool = False
+) -> Iterator[tuple[Client, ReplicaServer]]:
+    features = FallbackFeatures(reader, retry_s=60.0)
+    pseudo = Pseudonymizer("test-key")
+
+    def replica(alias: str) -> Replica:
+        return Replica("r1", store, features, pseudo, alias=alias, poll_interval_s=0.05)
+
+    router = ABRouter(
+        replica("champion"), replica("challenger") if challenger else None, cfg.challenger_share
+    )
+    router.start()
+    for r in router.replicas:
+        r.check_once()
+    server = ReplicaServer("127.0.0.1", 0, router, cfg, features=features)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield Client(server.server_address[1]), server
+    finally:
+        server.shutdown()
+        server.server_close()
+        router.stop()
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[Client, ReplicaServer]]:
+    store = DictStore({"3": ConstantModel(0.25)}, {"champion": "3"})
+    with serve(store, ServingConfig(max_candidates=5)) as api:
+        yield api
+
+
+GOOD = {"user_id": "alice", "context": {"site": "s1"}, "items": ["a", "b", "c"]}
+
+
+def test_a_good_request_gets_one_probability_per_candidate_and_the_version(api) -> None:
+    client, _ = api
+    status, _, body = client.score(GOOD)
+    assert status == 200
+    assert body == {"version": "3", "arm": "champion", "replica": "r1", "probabilities": [0.25] * 3}
+    assert client.score({"user_id": "bob", "items": ["x"]})[0] == 200  # context is optional
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        ([1, 2], "body: must be an object, got an array"),
+        ({**GOOD, "extra": 1}, "unknown field(s) ['extra']"),
+        ({"items": ["a"]}, "missing required field(s) ['user_id']"),
+        ({**GOOD, "user_id": 7}, "user_id: must be a string, got a number"),
+        ({**GOOD, "user_id": ""}, "user_id: must not be empty"),
+        ({**GOOD, "items": "a"}, "items: must be an array, got a string"),
+        ({**GOOD, "items": []}, "items: at least 1 entries, got 0"),
+        ({**GOOD, "items": ["a", None]}, "items[1]: must be a string, got null"),
+        ({**GOOD, "items": list("abcdef")}, "items: at most 5 entries, got 6"),
+        ({**GOOD, "context": {"site": 1}}, "context.site: must be a string, got a number"),
+        ({**GOOD, "context": ["site"]}, "context: must be an object, got an array"),
+        ({**GOOD, "user_id": True}, "user_id: must be a string, got a boolean"),
+    ],
+)
+def test_bad_requests_get_400_with_a_message(api, body: Any, message: str) -> None:
+    client, _ = api
+    status, _, answer = client.score(body)
+    assert status == 400
+    assert message in answer["error"]
+
+
+def test_transport_errors_get_their_own_4xx(api) -> None:
+    client, server = api
+    server.cfg.max_body_bytes = 100
+    assert client.score({**GOOD, "items": ["x" * 200]})[0] == 413
+    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=10)
+    conn.putrequest("POST", "/score")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["error"]
+    conn.close()
+    assert client.request("POST", "/nowhere", GOOD)[0] == 404
+    assert client.request("GET", "/nowhere")[0] == 404
+    assert client.request("GET", "/healthz")[0] == 200  # still healthy after all that
+
+
+def test_openapi_document_is_served_and_is_what_validates(api) -> None:
+    client, server = api
+    status, _, spec = client.request("GET", "/openapi.json")
+    assert status == 200 and spec["openapi"].startswith("3.")
+    request = spec["components"]["schemas"]["ScoreRequest"]
+    assert request["properties"]["items"]["maxItems"] == 5  # follows serving.max_candidates
+    assert request is not server.schema and request == server.schema  # served = the one in use
+    assert set(spec["paths"]) >= {"/score", "/healthz", "/readyz", "/metrics", "/openapi.json"}
+
+
+def test_bearer_token_guards_score_but_not_the_probes() -> None:
+    store = DictStore({"1": ConstantModel(0.5)}, {"champion": "1"})
+    with serve(store, ServingConfig(auth_token="s3cret")) as (client, _):
+        status, headers, body = client.score(GOOD)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer") and body["error"]
+        assert client.score(GOOD, Authorization="Bearer wrong")[0] == 401
+        assert client.score(GOOD, Authorization="s3cret")[0] == 401
+        assert client.score(GOOD, Authorization="Bearer s3cret")[0] == 200
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+            assert client.request("GET", path)[0] == 200
+
+
+def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
+    gate = threading.Event()
+    model = ConstantModel(0.5, gate)
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(max_in_flight=2, retry_after_s=2)) as (client, server):
+        results: list[int] = []
+
+        def hold() -> None:
+            results.append(client.score(GOOD)[0])
+
+        held = [threading.Thread(target=hold) for _ in range(2)]
+        for t in held:
+            t.start()
+        for _ in held:  # both slots taken: the two requests are inside the model
+            assert model.entered.acquire(timeout=30)
+        status, headers, body = client.score(GOOD)
+        assert status == 503 and headers["Retry-After"] == "2" and "overloaded" in body["error"]
+        assert client.request("GET", "/healthz")[0] == 200  # probes are not admission-controlled
+        gate.set()
+        for t in held:
+            t.join(30)
+        assert results == [200, 200]
+        assert client.score(GOOD)[0] == 200  # healthy again once the load drops
+        metrics = client.request("GET", "/metrics")[2]
+        assert 'ctr_serving_requests_total{code="503"} 1.0' in metrics
+        assert server.in_flight == 0
+
+
+def test_no_model_yet_is_503_and_not_ready() -> None:
+    with serve(DictStore({}, {}), ServingConfig()) as (client, _):
+        status, headers, _ = client.score(GOOD)
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert client.request("GET", "/readyz")[0] == 503
+        assert client.request("GET", "/healthz")[0] == 200
+
+
+def test_challenger_scores_its_share_of_users_by_a_stable_hash() -> None:
+    store = DictStore(
+        {"1": ConstantModel(0.1), "2": ConstantModel(0.9)}, {"champion": "1", "challenger": "2"}
+    )
+    users = [f"user-{i}" for i in range(60)]
+    with serve(store, ServingConfig(challenger_share=0.5), challenger=True) as (client, _):
+        answers = {u: client.score({"user_id": u, "items": ["a"]})[2] for u in users}
+        for u, body in answers.items():
+            arm = arm_of(u, 0.5)
+            assert body["arm"] == arm
+            assert (body["version"], body["probabilities"]) == (
+                ("2", [0.9]) if arm == "challenger" else ("1", [0.1])
+            )
+        arms = [b["arm"] for b in answers.values()]
+        assert 10 < arms.count("challenger") < 50  # both arms get traffic
+        assert client.score({"user_id": users[0], "items": ["a"]})[2]["arm"] == answers[users[0]]["arm"]
+        metrics = client.request("GET", "/metrics")[2]
+        n = arms.count("challenger") + (answers[users[0]]["arm"] == "challenger")
+        assert f'ctr_serving_scored_total{{arm="challenger",version="2"}} {float(n)}' in metrics
+        assert client.request("GET", "/version")[2]["challenger"] == "2"
+        assert 'ctr_serving_version{replica="r1",version="1"} 1.0' in metrics  # the champion's
+        assert 'ctr_serving_challenger_version{replica="r1",version="2"} 2.0' in metrics
+
+
+def test_challenger_share_without_a_challenger_version_scores_with_the_champion() -> None:
+    store = DictStore({"1": ConstantModel(0.1)}, {"champion": "1"})
+    with serve(store, ServingConfig(challenger_share=1.0), challenger=True) as (client, _):
+        assert client.score(GOOD)[2]["arm"] == "champion"
+
+
+def test_online_store_failure_scores_with_default_features_and_counts_it() -> None:
+    model = ConstantModel(0.3)
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(), reader=BrokenReader()) as (client, server):
+        for _ in range(3):
+            assert client.score(GOOD)[0] == 200
+        assert model.seen_features and model.seen_features[0]["user_impressions_1h"] == 0.0
+        assert model.seen_features[0]["item_ctr_1h"] == pytest.approx(0.05)  # the prior, not 0
+        assert server.features is not None and server.features.failures == 1  # then not retried for 60 s
+        metrics = client.request("GET", "/metrics")[2]
+        assert "ctr_serving_feature_fallbacks_total 3.0" in metrics
+        assert "ctr_serving_feature_store_up 0" in metrics
+
+
+def test_auth_token_is_a_secret_read_from_the_environment_only(tmp_path) -> None:
+    toml = tmp_path / "ctr.toml"
+    toml.write_text('[serving]\nauth_token = "in-a-file"\n')
+    with pytest.raises(ConfigError, match="CTR_SERVING_AUTH_TOKEN"):
+        load_config(toml, env={})
+    cfg = load_config(env={"CTR_SERVING_AUTH_TOKEN": "t0k"})
+    assert cfg.serving.auth_token == "t0k"
+    assert "auth_token" not in cfg.to_dict()["serving"] and "t0k" not in repr(cfg)
+
+
+def test_a_failing_model_answers_500_and_the_server_stays_up() -> None:
+    with serve(DictStore({"1": BrokenModel(0.5)}, {"champion": "1"}), ServingConfig()) as (client, _):
+        status, _, body = client.score(GOOD)
+        assert status == 500 and "internal error" in body["error"]
+        assert client.request("GET", "/healthz")[0] == 200
