@@ -23,14 +23,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, KafkaError
+from redis.exceptions import RedisError
 
 from features.store import FeatureWriter, open_store
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.events import DeadLetter, Validator
-from pipeline.kafka_io import KafkaEventSource, KafkaSink, caught_up, ensure_topics
+from pipeline.kafka_io import KafkaEventSource, KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.types import RawEvent, WallClock
@@ -38,6 +39,9 @@ from pipeline.types import RawEvent, WallClock
 __all__ = ["JoinerDaemon"]
 
 log = logging.getLogger(__name__)
+# what a service outage raises (broker, producer acknowledgements, Redis, disk): replay, not crash
+OUTAGES = (KafkaError, KafkaSinkError, RedisError, OSError)
+_FLUSH_TIMEOUT_S = 20.0  # unacknowledged after this: an outage (well inside the unit's WatchdogSec=60)
 
 
 class JoinerDaemon:
@@ -73,6 +77,8 @@ class JoinerDaemon:
         self._rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
         self._rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint
         self.dead_reasons: Counter[str] = Counter()
+        self.outages: Counter[str] = Counter()  # failures that forced a replay, by exception type
+        self._failures = 0  # in a row; sets the back-off
         self.metrics = Registry()
         self.metrics.on_scrape(self._collect_metrics)
 
@@ -126,23 +132,68 @@ class JoinerDaemon:
             for batch in self.source.batches():
                 systemd.watchdog()  # a poll returns every poll_timeout_ms even without input
                 now = time.monotonic()
-                if batch:
-                    last_input = now
-                    self._process(batch)
-                for task in self.tasks.values():
-                    task.run(now, functools.partial(self._at_end, partition=task.partition, now=now))
-                    self._emit(task)
-                if now - last_ckpt >= self.cfg.daemon.checkpoint_every_s:
-                    self.checkpoint()
-                    last_ckpt = now
+                try:
+                    if batch:
+                        last_input = now
+                        self._process(batch)
+                    for task in self.tasks.values():
+                        task.run(now, functools.partial(self._at_end, partition=task.partition, now=now))
+                        self._emit(task)
+                    if now - last_ckpt >= self.cfg.daemon.checkpoint_every_s:
+                        self.checkpoint()
+                        last_ckpt, self._failures = now, 0
+                except OUTAGES as exc:  # Kafka or Redis away: replay from the checkpoint once back
+                    self._outage(exc)
+                    last_ckpt = last_input = time.monotonic()
+                    continue
                 if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
                     break
         finally:
-            self.checkpoint()  # a clean stop leaves nothing to replay
+            try:
+                self.checkpoint()  # a clean stop leaves nothing to replay
+            except OUTAGES as exc:
+                log.warning(
+                    "joiner: the last checkpoint failed (%s); a restart replays from the one before", exc
+                )
             self.source.close()
             self.examples.close()
             self.dead.close()
         return self.counters
+
+    def _outage(self, exc: BaseException) -> None:
+        """A write failed: drop what is not durable, rewind to the checkpoints, wait, then replay.
+
+        The tasks are deterministic and every output idempotent (examples byte-identical, features
+        not newer are ignored), so the replay loses and duplicates nothing; back-off 1, 2, 4 ... 30 s.
+        """
+        self._failures += 1
+        delay = min(30.0, 2.0 ** (self._failures - 1))
+        what = type(exc).__name__
+        self.outages[what] += 1
+        log.warning(
+            "joiner: %s: %s; replaying from the last checkpoint in %.0f s (failure %d in a row)",
+            what,
+            str(exc)[:200],
+            delay,
+            self._failures,
+        )
+        self.examples.discard()
+        self.dead.discard()
+        snapshot: dict[str, int] = {}
+        for p in self.tasks:
+            state = read_json(self.state_dir / f"p{p}.json")
+            for kind, off in (state or {}).get("next_offsets", {}).items():
+                snapshot[f"{self.topic_of[kind]}:{p}"] = off
+        self.tasks.clear()
+        try:
+            self.source.rewind(snapshot)
+        except Exception:  # the consumer itself is unusable: let systemd restart us from the files
+            log.exception("joiner: cannot rewind the consumer")
+            raise
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:  # keep feeding the watchdog while waiting
+            systemd.watchdog()
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _process(self, batch: list[RawEvent]) -> None:
         self.counters["events"] += len(batch)
@@ -174,8 +225,8 @@ class JoinerDaemon:
             self._metric_lag = self.source.lag()  # its own field: _at_end's cache stays as it was
         except Exception:
             log.debug("joiner: lag unavailable for metrics", exc_info=True)
-        self.examples.flush()
-        self.dead.flush()
+        self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
+        self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
         commit: dict[str, Any] = {}
         for p, task in sorted(self.tasks.items()):
             self.features.push(*task.features.drain_dirty())
@@ -189,6 +240,8 @@ class JoinerDaemon:
                 self.source.commit(commit)
             except CommitFailedError:  # a rebalance is under way: the checkpoint files still hold
                 log.warning("joiner: offset commit refused during a rebalance; checkpoints kept")
+            except KafkaError as exc:  # broker away: harmless, a restart seeks to the checkpoint files
+                log.warning("joiner: offset commit failed (%s); checkpoints kept, next commit retries", exc)
         self.counters["checkpoints"] += 1
         self._update_rates()
         self.metrics.histogram(
@@ -228,5 +281,7 @@ class JoinerDaemon:
         m.gauge("ctr_joiner_join_rate", "clicks attributed to an impression / distinct clicks read").set(
             r["join_rate"]
         )
+        for what, n in list(self.outages.items()):
+            m.counter("ctr_joiner_outages_total", "writes that failed and forced a replay", error=what).set(n)
         export_consumer_state(m, "joiner", self._metric_lag, self.dead_reasons)
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

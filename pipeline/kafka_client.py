@@ -157,7 +157,7 @@ class KafkaSink:
     def __init__(self, cfg: KafkaConfig, topic: str) -> None:
         self.cfg, self.topic = cfg, topic
         self._window: list[Any] = []  # the futures of the records sent since the last flush
-        self._producer = self._new_producer()
+        self._producer: KafkaProducer | None = self._new_producer()
 
     @property
     def sent(self) -> int:
@@ -180,6 +180,8 @@ class KafkaSink:
 
     def send(self, key: bytes | None, value: bytes, topic: str | None = None) -> None:
         """Enqueue one record (to ``topic`` if given, else the sink's topic)."""
+        if self._producer is None:  # the last one failed (broker away): connect again now
+            self._producer = self._new_producer()
         try:
             self._window.append(self._producer.send(topic or self.topic, key=key, value=value))
         except KafkaTimeoutError as exc:
@@ -191,9 +193,15 @@ class KafkaSink:
         """Send a dead letter (the sink's topic is then the dead-letter topic)."""
         self.send(None, letter.to_json())
 
+    def discard(self) -> None:
+        """Forget the records sent since the last flush (the caller will send them again)."""
+        self._window = []
+
     def flush(self, timeout_s: float | None = None) -> int:
         """Block until everything sent is acknowledged; returns how many records that was."""
         window, self._window = self._window, []
+        if self._producer is None:
+            return 0  # nothing was sent since the failed producer was dropped
         # The per-record futures are the truth: kafka-python's flush() returns normally when sends
         # failed, and after a batch is split (MESSAGE_TOO_LARGE) it can return, or raise
         # UnknownError("Future not done"), before the split halves are done: wait for those too.
@@ -213,7 +221,7 @@ class KafkaSink:
         # kafka-python 3.0: once a record is refused (e.g. too large), the idempotent producer fails
         # every later record of that partition. Start afresh; the caller resends what it sent.
         self._producer.close(timeout=min(timeout_s or 5.0, 5.0))
-        self._producer = self._new_producer()
+        self._producer = None  # a fresh one at the next send (now the broker may be away)
         first = failed[0] if failed else KafkaTimeoutError(f"not acknowledged within {timeout_s} s")
         raise KafkaSinkError(
             f"KafkaSink({self.topic}): {len(failed) + undone} of {len(window)} records sent since the "
@@ -221,7 +229,8 @@ class KafkaSink:
         ) from first
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.close(timeout=timeout_s)
+        if self._producer is not None:
+            self._producer.close(timeout=timeout_s)
 
     def __enter__(self) -> KafkaSink:
         return self

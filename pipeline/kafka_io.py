@@ -152,6 +152,22 @@ class _GroupSource:
         for tp, offset in self._book.seek(parse_snapshot(snapshot)).items():
             self._consumer.seek(tp, offset)
 
+    def rewind(self, snapshot: Mapping[str, int]) -> dict[str, int]:
+        """Replay every owned partition: from ``snapshot``'s offset where it has one, else from the
+        last commit (or the first offset yielded). For a daemon that dropped its in-memory state
+        after a failure, exactly as after a rebalance; returns where each partition restarts."""
+        wanted = parse_snapshot(snapshot)
+        with self._book.lock:
+            targets = {
+                tp: wanted.get(tp, self._book.restart.get(tp))
+                for tp in self._book.owned
+                if tp in wanted or tp in self._book.restart
+            }
+        seeks = {tp: off for tp, off in targets.items() if off is not None}
+        for tp, off in self._book.seek(seeks).items():
+            self._consumer.seek(tp, off)
+        return {snapshot_key(tp): off for tp, off in sorted(seeks.items())}
+
     def assignment(self) -> list[str]:
         return sorted(snapshot_key(tp) for tp in self._book.owned)
 

@@ -23,9 +23,11 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from kafka.errors import KafkaError
 
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
@@ -41,6 +43,7 @@ from trainers.registry import MlflowModelStore
 __all__ = ["IdempotentStore", "TrainerDaemon", "lineage_key"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def lineage_key(lineage: Mapping[str, Any]) -> str:
@@ -62,7 +65,7 @@ class IdempotentStore:
         return self.register(model, {**lineage, "lineage_key": key}, metrics)
 
     def register(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
-        found = self.find(str(lineage["lineage_key"]))
+        found = self._retrying("lookup", lambda: self.find(str(lineage["lineage_key"])))
         if found is not None:
             log.info(
                 "trainer: version %s already holds lineage %s; not registering again",
@@ -70,17 +73,22 @@ class IdempotentStore:
                 lineage["lineage_key"],
             )
             return found
+        return self._retrying("registration", lambda: self.inner.publish(model, lineage, metrics))
+
+    def _retrying(self, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``, retried with back-off (1, 2, 4 ... 30 s) while the MLflow server is away."""
         delay = 1.0
         while True:  # the MLflow server may be down: keep the pending block until it is back
             try:
-                return self.inner.publish(model, lineage, metrics)
+                return call()
             except Exception:
                 if self.daemon.stopping:
                     raise
-                log.warning("trainer: registration failed; retrying in %.0fs", delay, exc_info=True)
+                self.daemon.registry_failures[what] += 1
+                log.warning("trainer: MLflow %s failed; retrying in %.0fs", what, delay, exc_info=True)
                 # waiting on MLflow is not a hang: keep the watchdog fed (and, while starting up,
                 # the start timeout extended) instead of having systemd restart us into the same wait
-                systemd.status(f"trainer: MLflow registration failed; retrying in {delay:.0f}s")
+                systemd.status(f"trainer: MLflow {what} failed; retrying in {delay:.0f}s")
                 systemd.watchdog()
                 systemd.extend_timeout(delay + 60)
                 time.sleep(delay)
@@ -93,13 +101,13 @@ class IdempotentStore:
         return None
 
     def set_alias(self, alias: str, version: str) -> None:
-        self.inner.set_alias(alias, version)
+        self._retrying("alias move", lambda: self.inner.set_alias(alias, version))
 
     def resolve(self, alias: str) -> str | None:
-        return self.inner.resolve(alias)
+        return self._retrying("alias lookup", lambda: self.inner.resolve(alias))
 
     def load(self, version: str) -> Any:
-        return self.inner.load(version)
+        return self._retrying("model download", lambda: self.inner.load(version))
 
 
 class TrainerDaemon:
@@ -111,6 +119,7 @@ class TrainerDaemon:
             )
         self.cfg = cfg
         self.stopping = False
+        self.registry_failures: Counter[str] = Counter()  # MLflow calls retried, by what they were
         k = cfg.kafka
         ensure_topics(k, [k.examples_topic], k.partitions)
         ensure_topics(k, [k.dead_letter_topic], 1)
@@ -250,7 +259,10 @@ class TrainerDaemon:
             self._save_learner(self.trainer.champion)
         self._prune_seen(report.event_time_max)
         write_json(self.dir / "meta.json", self._meta())
-        self.source.commit(self.pos)
+        try:
+            self.source.commit(self.pos)
+        except KafkaError as exc:  # broker away: harmless, meta.json holds the offsets a restart seeks to
+            log.warning("trainer: offset commit failed (%s); the checkpoint holds, next commit retries", exc)
         log.log(  # a refusal is an operator's business: WARNING, with the gate's reason
             logging.INFO if report.decision.accepted else logging.WARNING,
             "trainer: block %d %s (version %s): %s",
@@ -313,4 +325,6 @@ class TrainerDaemon:
             m.gauge("ctr_trainer_champion_version", "the registered version the trainer fine-tunes").set(
                 int(version)
             )
+        for what, n in list(self.registry_failures.items()):
+            m.counter("ctr_trainer_registry_retries_total", "MLflow calls retried, by what", call=what).set(n)
         export_consumer_state(m, "trainer", self._metric_lag, self.dead_reasons)

@@ -65,6 +65,7 @@ class Replica:
     shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
     load_errors: int = 0
+    alias_check_errors: int = 0  # registry lookups that failed (MLflow away)
 
     def __post_init__(self) -> None:
         self._current: LoadedModel | None = None
@@ -101,11 +102,23 @@ class Replica:
 
     # -- swapping --------------------------------------------------------------------------------
     def _watch(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 self.check_once()
+                if failing:
+                    log.warning("replica %s: the registry answers again", self.name)
+                failing = False
             except Exception:  # a registry outage must not kill the watcher; it retries next poll
-                log.exception("replica %s: alias check failed", self.name)
+                self.alias_check_errors += 1
+                if not failing:  # once per outage, not every poll
+                    log.warning(
+                        "replica %s: alias check failed; serving %s meanwhile",
+                        self.name,
+                        self.version,
+                        exc_info=True,
+                    )
+                failing = True
             self._wake.wait(self.poll_interval_s)
             self._wake.clear()
 

@@ -32,6 +32,9 @@ def collect_replica_metrics(server: Any) -> None:
         m.counter(
             "ctr_serving_load_errors_total", "versions that failed to load", replica=r.name, arm=arm
         ).set(r.load_errors)
+        m.counter(
+            "ctr_serving_alias_check_errors_total", "registry lookups that failed", replica=r.name, arm=arm
+        ).set(r.alias_check_errors)
         if r.swaps:
             m.gauge(
                 "ctr_serving_last_swap_timestamp_seconds",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ class FakeDaemon:
 
     def __init__(self, store: InMemoryModelStore) -> None:
         self.store = store
+        self.registry_failures: Counter[str] = Counter()
         self.pending: list[tuple[str, int]] = []  # (lineage key, versions registered at that moment)
 
     def save_pending(self, model: Any, lineage: dict[str, Any], metrics: dict[str, float], key: str) -> None:
@@ -72,3 +74,4 @@ def test_registration_waits_for_the_registry_to_come_back(monkeypatch: pytest.Mo
     store = IdempotentStore(inner, FakeDaemon(inner))  # type: ignore[arg-type]
     assert store.publish(Model(), LINEAGE, {}) == "1"
     assert slept == [1.0, 2.0] and inner.versions() == ["1"]
+    assert store.daemon.registry_failures == {"registration": 2}  # type: ignore[attr-defined]  # a metric
