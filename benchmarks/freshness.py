@@ -46,6 +46,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from pipeline.checkpoints import file_lock
 from pipeline.config import Config, KafkaConfig
 from pipeline.kafka_io import KafkaSink, RateLimiter, ensure_topics
 from pipeline.simulator import Simulator
@@ -221,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         poller = VersionPoller(ports)
         producer = Producer(k, args.rate)
         try:
+            start("joiner")  # first: the replicas read the Feast store it sets up
+            _wait_for_feature_store(tmp / "state" / "joiner" / "feast")
             for port in ports:
                 start("serve", "--port", str(port))
-            start("joiner")
             start("trainer")
             deadline = time.monotonic() + 600  # imports of torch, MLflow and Feast on a busy machine
             while not all(poller.version(p) is not None or _up(p) for p in ports):
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 time.sleep(1)
             time.sleep(1)
-            cpu_s = {" ".join(str(a) for a in pr.args[3:5]): _cpu_seconds(pr.pid) for pr in procs}  # type: ignore[index]
+            cpu_s = {" ".join(str(a) for a in pr.args[3:]): _cpu_seconds(pr.pid) for pr in procs}  # type: ignore[index]
             blocks = []
             previous_created = 0.0
             for v in store.versions():
@@ -342,6 +344,17 @@ def _cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _wait_for_feature_store(folder: Path, timeout_s: float = 600) -> None:
+    """Until the joiner has set up its Feast store (registry written, set-up lock released)."""
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "data" / "registry.db").is_file():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the joiner did not set up {folder}")
+        time.sleep(0.5)
+    with file_lock(folder / ".setup.lock"):  # held by open_store until the definitions are applied
+        pass
 
 
 def _up(port: int) -> bool:
