@@ -3,6 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV = $(shell ./deploy/venv.sh)
 PY = $(VENV)/bin/python
+BENCHMARKS ?= train ingest freshness serving
 export MLFLOW_DISABLE_TELEMETRY = true
 export DO_NOT_TRACK = true
 export FEAST_USAGE = False
@@ -33,8 +34,12 @@ format:  ## apply ruff's formatter and autofixes
 lock:  ## recompile requirements.lock from requirements.in
 	@venv=$(VENV); $$venv/bin/uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q --no-header
 
-bench:  ## trainer examples/s vs a plain reference loop (benchmarks/train.py; BENCH_ARGS="--quick" for a smoke run)
-	@venv=$(VENV); $$venv/bin/python benchmarks/train.py $(BENCH_ARGS)
+bench: services-up  ## run every benchmark in benchmarks/ (train, ingest, freshness, serving; missing ones skipped)
+	@venv=$(VENV); eval "$$(CTR_VENV=$$venv ./deploy/services.sh env)"; \
+	for b in $(BENCHMARKS); do \
+	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks/$$b.py"; $$venv/bin/python benchmarks/$$b.py || exit 1; \
+	  else echo "== benchmarks/$$b.py: not present, skipped"; fi; \
+	done
 
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

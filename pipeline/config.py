@@ -206,6 +206,8 @@ class KafkaConfig:
 class DaemonConfig:
     state_dir: str = "~/.cache/ctr-online/state/daemons"  # checkpoints of the joiner and the trainer
     checkpoint_every_s: float = 5.0  # the joiner makes its output durable and commits this often
+    # ... or less often when its state is big: checkpoints take at most this share of the joiner's time
+    checkpoint_max_share: float = 0.2
     idle_merge_s: float = 2.0  # a partition's stream silent this long stops holding back the other
     redis_url: str = "redis://127.0.0.1:16379/0"  # Feast online store and swap notifications
     metrics_host: str = "127.0.0.1"  # where the joiner's and the trainer's /metrics listen

@@ -47,6 +47,8 @@ _ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _MIN_TS = 946_684_800_000  # 2000-01-01: anything earlier is certainly a unit or parsing mistake
 _RAW_PREFIX = 1_024  # bytes of a rejected event kept in its dead letter
+# json.dumps with any option builds a new JSONEncoder per call (~4 µs); examples reuse this one
+_EXAMPLE_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 # Every reason a dead letter can carry; counters are keyed by these.
 REASONS = (
@@ -133,15 +135,13 @@ class LabelledExample:
         return self.impression.impression_id
 
     def to_json(self) -> bytes:
-        return json.dumps(
+        return _EXAMPLE_ENCODER.encode(
             {
                 "impression": self.impression.to_dict(),
                 "label": self.label,
                 "label_ts": self.label_ts,
                 "stream_features": self.stream_features,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
+            }
         ).encode()
 
     @staticmethod

@@ -86,6 +86,7 @@ class _Pending:
     impression: Impression
     features: dict[str, float]
     click_ts: int | None = None  # event time of the attributed click, if any
+    as_dict: dict[str, Any] | None = None  # impression.to_dict(), kept: every checkpoint writes it
 
 
 @dataclass
@@ -246,7 +247,7 @@ class Joiner:
         return {
             "max_ts": self.max_ts,
             "stats": self.stats.as_dict(),
-            "pending": [[p.impression.to_dict(), p.features, p.click_ts] for p in self._pending.values()],
+            "pending": [[_as_dict(p), p.features, p.click_ts] for p in self._pending.values()],
             "early": [c.to_dict() for c in self._early.values()],
             "done": self._done,
         }
@@ -268,3 +269,10 @@ class Joiner:
         self._done = dict(state["done"])
         self._done_heap = [(abs(v), iid) for iid, v in self._done.items()]
         heapq.heapify(self._done_heap)
+
+
+def _as_dict(pending: _Pending) -> dict[str, Any]:
+    """The pending impression as a dict, built once (a checkpoint writes every pending impression)."""
+    if pending.as_dict is None:
+        pending.as_dict = pending.impression.to_dict()
+    return pending.as_dict

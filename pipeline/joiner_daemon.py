@@ -26,6 +26,7 @@ from typing import Any
 from kafka.errors import CommitFailedError, KafkaError
 from redis.exceptions import RedisError
 
+from features.aggregations import FeatureRow
 from features.store import FeatureWriter, open_store
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, write_json
@@ -124,6 +125,10 @@ class JoinerDaemon:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         last_ckpt = last_input = time.monotonic()
+        every_s, max_share = (
+            self.cfg.daemon.checkpoint_every_s,
+            max(self.cfg.daemon.checkpoint_max_share, 1e-3),
+        )
         # consumer created, topics ensured, Feast store open: ready (systemd's Type=notify)
         if self.cfg.daemon.joiner_metrics_port:
             serve_metrics(self.metrics, self.cfg.daemon.metrics_host, self.cfg.daemon.joiner_metrics_port)
@@ -139,9 +144,15 @@ class JoinerDaemon:
                     for task in self.tasks.values():
                         task.run(now, functools.partial(self._at_end, partition=task.partition, now=now))
                         self._emit(task)
-                    if now - last_ckpt >= self.cfg.daemon.checkpoint_every_s:
+                    if now - last_ckpt >= every_s:
+                        started = time.monotonic()
                         self.checkpoint()
-                        last_ckpt, self._failures = now, 0
+                        last_ckpt = now = time.monotonic()
+                        self._failures = 0
+                        # A checkpoint writes the whole state (all pending impressions and counters), so
+                        # its cost grows with the state, not with the input since the last one: space
+                        # them out so that they take at most checkpoint_max_share of the time.
+                        every_s = max(self.cfg.daemon.checkpoint_every_s, (now - started) / max_share)
                 except OUTAGES as exc:  # Kafka or Redis away: replay from the checkpoint once back
                     self._outage(exc)
                     last_ckpt = last_input = time.monotonic()
@@ -228,8 +239,14 @@ class JoinerDaemon:
         self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
         self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
         commit: dict[str, Any] = {}
+        users: list[FeatureRow] = []
+        items: list[FeatureRow] = []
+        for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
+            u, i = task.features.drain_dirty()  # (keys never collide: a user lives in one partition,
+            users += u  # and item keys carry their shard)
+            items += i
+        self.features.push(users, items)
         for p, task in sorted(self.tasks.items()):
-            self.features.push(*task.features.drain_dirty())
             state = task.to_state()
             write_json(self.state_dir / f"p{p}.json", state)
             for kind, off in state["next_offsets"].items():

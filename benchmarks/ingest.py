@@ -1,0 +1,238 @@
+"""Ingest throughput: the joiner + feature path, in-process and through Kafka, beside a raw consumer.
+
+One simulated stream is published to fresh uuid-named topics; then, in the same run:
+
+1. **raw consumer**: a plain kafka-python ``KafkaConsumer`` (its own group, default settings) reads
+   every record of both topics and does nothing with them: the reference;
+2. **in-process**: the same bytes go through validation, the per-partition tasks (joiner +
+   streaming features), example encoding and the feature drain, without Kafka or Feast;
+3. **joiner over Kafka**: :class:`pipeline.joiner_daemon.JoinerDaemon` (what ``ctr joiner`` runs) in
+   this process, with its consumer group, examples and dead-letter producers, Feast pushes to Redis
+   (db 15) and checkpoints, until it has read everything and gone idle.
+
+Rates are events per second from the first record received to the last one processed (the
+consumer-group join and the daemon's start-up, one-offs, are not counted; the joiner's periodic and
+final checkpoints are). ``--profile`` runs the joiner under cProfile and prints its top costs.
+
+    python benchmarks/ingest.py [--impressions 150000] [--profile]
+
+Prints a table and writes ``benchmarks/results/ingest.json``. Needs the services
+(``./deploy/services.sh up``); topics and groups are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer
+
+from pipeline.config import Config, KafkaConfig
+from pipeline.events import DeadLetter, Validator
+from pipeline.joiner_daemon import JoinerDaemon
+from pipeline.kafka_io import ensure_topics, publish_stream
+from pipeline.partition_task import PartitionTask
+from pipeline.simulator import Simulator
+from pipeline.types import RawEvent, WallClock
+from serving_bridge.server import kafka_partition
+
+RESULTS = Path(__file__).parent / "results"
+PARTITIONS = 3
+
+
+def bench_config(bootstrap: str, redis_url: str, state_dir: Path, tag: str) -> Config:
+    """Defaults, plus unique topics/groups/Feast project and a validator that accepts 2026-01 events."""
+    cfg = Config()
+    cfg.kafka = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        impressions_topic=f"bench-imps-{tag}",
+        clicks_topic=f"bench-clicks-{tag}",
+        examples_topic=f"bench-examples-{tag}",
+        dead_letter_topic=f"bench-dead-{tag}",
+        partitions=PARTITIONS,
+        group_id_prefix=f"bench-{tag}",
+    )
+    cfg.validation.max_past_age_s = 1e10  # the simulated stream is dated 2026-01-01
+    cfg.daemon.state_dir = str(state_dir)
+    cfg.daemon.redis_url = redis_url.rsplit("/", 1)[0] + "/15"  # the test database, never db 0
+    cfg.features.project = f"bench_{tag}"
+    return cfg
+
+
+def raw_consumer(cfg: KafkaConfig, total: int, tag: str) -> dict[str, float]:
+    """A plain kafka-python consumer reading both topics to the end: records/s, nothing else."""
+    consumer = KafkaConsumer(
+        cfg.impressions_topic,
+        cfg.clicks_topic,
+        bootstrap_servers=cfg.bootstrap_servers,
+        group_id=f"bench-raw-{tag}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    n, nbytes, first = 0, 0, None
+    deadline = time.monotonic() + 600
+    while n < total and time.monotonic() < deadline:
+        for recs in consumer.poll(timeout_ms=500).values():
+            if first is None:
+                first = time.monotonic()
+            n += len(recs)
+            nbytes += sum(len(r.value) for r in recs)
+    elapsed = time.monotonic() - (first or time.monotonic())
+    consumer.close()
+    if n < total:
+        raise RuntimeError(f"raw consumer read {n} of {total} records")
+    return {"events": n, "seconds": elapsed, "events_per_s": n / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
+
+
+def in_process(cfg: Config, records: list[tuple[str, bytes, int]]) -> dict[str, float]:
+    """Validation + partition tasks + example JSON + feature drain over ``records``, no Kafka."""
+    validator = Validator(cfg.validation, WallClock())
+    tasks = {p: PartitionTask(cfg, p, idle_s=0.0) for p in range(PARTITIONS)}
+    offsets = dict.fromkeys((k, p) for k in ("impression", "click") for p in range(PARTITIONS))
+    examples = out_bytes = 0
+    started = time.monotonic()
+    for lo in range(0, len(records), 5_000):  # one "poll" of max_poll_records
+        for kind, value, p in records[lo : lo + 5_000]:
+            off = offsets[kind, p] = (offsets[kind, p] or 0) + 1
+            event = validator.validate(RawEvent(kind, value, "bench", p, off))
+            tasks[p].offer(kind, off, None if isinstance(event, DeadLetter) else event)
+        for task in tasks.values():
+            task.run(at_end=lambda kind: True)
+            for ex in task.drain():
+                out_bytes += len(ex.to_json())
+                examples += 1
+    for task in tasks.values():
+        task.features.drain_dirty()
+    elapsed = time.monotonic() - started
+    return {
+        "events": len(records),
+        "examples": examples,
+        "seconds": elapsed,
+        "events_per_s": len(records) / elapsed,
+    }
+
+
+def joiner_over_kafka(cfg: Config, total: int, profile: bool) -> dict[str, Any]:
+    """Run the joiner daemon in this process until it has read ``total`` events and gone idle."""
+    daemon = JoinerDaemon(cfg)
+    marks: dict[str, float] = {}
+    process = daemon._process
+
+    def timed(batch: list[RawEvent]) -> None:  # the first record in, the last one processed
+        marks.setdefault("first", time.monotonic())
+        process(batch)
+        if daemon.counters["events"] >= total and "last" not in marks:
+            marks["last"] = time.monotonic()
+
+    daemon._process = timed  # type: ignore[method-assign]
+    profiler = cProfile.Profile() if profile else None
+    if profiler:
+        profiler.enable()
+    counters = daemon.run(max_idle_s=3.0)
+    if profiler:
+        profiler.disable()
+    ckpt = daemon.metrics.histogram("ctr_joiner_checkpoint_seconds", "", ())
+    elapsed = marks["last"] - marks["first"]
+    out: dict[str, Any] = {**counters, "seconds": elapsed, "events_per_s": counters["events"] / elapsed}
+    out["checkpoint_seconds_total"] = getattr(ckpt, "sum", None)
+    if profiler:
+        buf = io.StringIO()
+        stats = pstats.Stats(profiler, stream=buf)
+        stats.sort_stats("tottime").print_stats(20)
+        stats.sort_stats("cumulative").print_stats(r"pipeline|features|kafka_client", 25)
+        out["profile_top"] = buf.getvalue()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impressions", type=int, default=150_000)
+    ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--profile", action="store_true", help="cProfile the joiner; print its top costs")
+    ap.add_argument("--out", type=Path, default=RESULTS / "ingest.json")
+    args = ap.parse_args(argv)
+    bootstrap = os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    redis_url = os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0")
+    tag = uuid.uuid4().hex[:10]
+
+    sim = Simulator(Config().simulator, args.seed)
+    events = list(sim.stream(args.impressions))
+    records = [
+        (kind, json.dumps(ev, separators=(",", ":")).encode(), kafka_partition(ev["user_id"], PARTITIONS))
+        for kind, ev in events
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        cfg = bench_config(bootstrap, redis_url, Path(tmp), tag)
+        k = cfg.kafka
+        ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+        try:
+            t0 = time.monotonic()
+            publish_stream(k, events)
+            publish_s = time.monotonic() - t0
+            total = len(events)
+            raw = raw_consumer(k, total, tag)
+            inproc = in_process(cfg, records)
+            joiner = joiner_over_kafka(cfg, total, args.profile)
+        finally:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+            topics = [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
+            admin.delete_topics([t for t in topics if t in set(admin.list_topics())])
+            for g in (f"bench-raw-{tag}", f"{k.group_id_prefix}-joiner"):
+                try:
+                    admin.delete_groups([g])
+                except Exception as exc:  # cleanup must not hide the figures
+                    print(f"warning: could not delete group {g}: {exc!r}", file=sys.stderr)
+            admin.close()
+
+    profile_top = joiner.pop("profile_top", None)
+    result = {
+        "events": total,
+        "impressions": args.impressions,
+        "publish_events_per_s": total / publish_s,
+        "events_per_s": joiner["events_per_s"],
+        "raw_consumer_events_per_s": raw["events_per_s"],
+        "ratio_to_raw_consumer": joiner["events_per_s"] / raw["events_per_s"],
+        "in_process_events_per_s": inproc["events_per_s"],
+        "in_process_ratio_to_raw_consumer": inproc["events_per_s"] / raw["events_per_s"],
+        "joiner": joiner,
+        "raw_consumer": raw,
+        "in_process": inproc,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+    }
+    print(f"{'path':<28}{'events':>10}{'seconds':>10}{'events/s':>12}{'x raw':>8}")
+    for name, r in (
+        ("raw kafka-python consumer", raw),
+        ("joiner in-process", inproc),
+        ("joiner over Kafka", joiner),
+    ):
+        print(
+            f"{name:<28}{r['events']:>10}{r['seconds']:>10.2f}{r['events_per_s']:>12,.0f}"
+            f"{r['events_per_s'] / raw['events_per_s']:>8.2f}"
+        )
+    load = result["machine"]["load_avg_1m"]
+    print(f"(published at {result['publish_events_per_s']:,.0f} events/s; load average {load:.2f})")
+    if profile_top:
+        print(profile_top)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
