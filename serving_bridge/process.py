@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from features.store import OnlineFeatureReader, connect_store
+from pipeline.checkpoints import file_lock
 from pipeline.config import Config
 from pipeline.events import Pseudonymizer
 from serving_bridge.ab import ABRouter
@@ -40,6 +41,30 @@ def feature_reader(cfg: Config, feast_dir: Path) -> Any:
     return OnlineFeatureReader(store, cfg.features)
 
 
+class LazyFeatureReader:
+    """Connects to the joiner's Feast store at the first read, and again after a failed connect.
+
+    A replica may start before the joiner has set the store up (or while it is doing so): until
+    then each read raises, and :class:`FallbackFeatures` scores with default features and retries.
+    The connect waits for a set-up in progress (the joiner holds the folder's set-up lock).
+    """
+
+    def __init__(self, connect: Any, feast_dir: Path) -> None:
+        self._connect, self._dir, self._reader = connect, feast_dir, None
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        if self._reader is None:
+            with self._lock:
+                if self._reader is None:
+                    if not (self._dir / "feature_store.yaml").is_file():
+                        raise FileNotFoundError(f"no feature store at {self._dir} yet (start `ctr joiner`)")
+                    with file_lock(self._dir / ".setup.lock"):
+                        self._reader = self._connect()
+                    log.info("serve: reading features from the store at %s", self._dir)
+        return self._reader.get(user_id, item_ids)  # type: ignore[attr-defined]
+
+
 def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
     if not cfg.registry.tracking_uri:
         raise ValueError(
@@ -53,14 +78,7 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
         torch.set_num_threads(cfg.serving.torch_threads)
     store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
     feast_dir = Path(cfg.daemon.state_dir).expanduser() / "joiner" / "feast"
-    reader = None
-    try:
-        reader = feature_reader(cfg, feast_dir)
-    except FileNotFoundError:
-        log.warning(
-            "serve: no feature store at %s yet (start `ctr joiner` first); scoring with default features",
-            feast_dir,
-        )
+    reader = LazyFeatureReader(lambda: feature_reader(cfg, feast_dir), feast_dir)
     features = FallbackFeatures(reader, cfg.features, retry_s=cfg.serving.feature_retry_s)
     partitions = cfg.kafka.partitions
     pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key, "u_")

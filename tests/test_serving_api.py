@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -287,3 +288,29 @@ def test_a_failing_model_answers_500_and_the_server_stays_up() -> None:
         status, _, body = client.score(GOOD)
         assert status == 500 and "internal error" in body["error"]
         assert client.request("GET", "/healthz")[0] == 200
+
+
+def test_a_replica_started_before_the_joiner_connects_to_the_store_once_it_exists(tmp_path: Path) -> None:
+    """Until the joiner has set up its Feast store every read fails (defaults are served); after, the
+    lazy reader connects and reads from it."""
+    from serving_bridge.process import LazyFeatureReader
+
+    feast_dir = tmp_path / "feast"
+    connects: list[int] = []
+
+    class Store:
+        def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+            return [{"user_ctr_1h": 0.5} for _ in item_ids]
+
+    def connect() -> Store:
+        connects.append(1)
+        return Store()
+
+    lazy = LazyFeatureReader(connect, feast_dir)
+    features = FallbackFeatures(lazy, retry_s=0.0)
+    assert features.get("u", ["a"])[0]["user_ctr_1h"] != 0.5 and features.fallbacks == 1  # defaults
+    feast_dir.mkdir()
+    (feast_dir / "feature_store.yaml").write_text("project: x\n")
+    assert features.get("u", ["a", "b"]) == [{"user_ctr_1h": 0.5}] * 2
+    features.get("u", ["a"])
+    assert connects == [1]  # connected once, then reused
