@@ -31,6 +31,7 @@ commit neither loses nor repeats a block.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Self
 from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaError
 
 from pipeline.config import KafkaConfig
 from pipeline.events import DeadLetter, LabelledExample
@@ -71,6 +73,7 @@ __all__ = [
     "replay_file_to_kafka",
 ]
 
+log = logging.getLogger(__name__)
 _RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.events does)
 
 
@@ -89,6 +92,7 @@ class _GroupSource:
         self.cfg, self.group_id, self.clock, self.on_revoke = cfg, group_id, clock, on_revoke
         self.batch_size = batch_size or cfg.max_poll_records
         self.revocations = 0  # rebalances that rewound this source (see the module docstring)
+        self.poll_failures = 0  # polls that raised (broker away); retried every second
         self._book = OffsetBook()
         self._stop = threading.Event()
         self._consumer = connect(
@@ -111,8 +115,21 @@ class _GroupSource:
 
     def _polls(self) -> Iterator[list[ConsumerRecord]]:
         """Records of each poll until ``stop()``; an empty list when a poll found nothing."""
+        failing = False
         while not self._stop.is_set():
-            polled = self._consumer.poll(timeout_ms=self.cfg.poll_timeout_ms, max_records=self.batch_size)
+            try:
+                polled = self._consumer.poll(timeout_ms=self.cfg.poll_timeout_ms, max_records=self.batch_size)
+            except KafkaError as exc:  # broker away (e.g. no coordinator): wait, and tell the caller
+                self.poll_failures += 1
+                if not failing:
+                    log.warning("kafka: poll failed (%r); retrying until the broker is back", exc)
+                failing = True
+                self._stop.wait(1.0)
+                yield []  # an idle batch: the daemon keeps its time-based work (watchdog) going
+                continue
+            if failing:
+                log.warning("kafka: polling again")
+                failing = False
             if self._book.take_disrupted():
                 self.revocations += 1
                 if self.on_revoke is not None:

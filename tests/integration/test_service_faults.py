@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from serving_bridge.server import kafka_partition
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1_500)]
 
 REPO = Path(__file__).resolve().parents[2]
-IMPRESSIONS, SEED, PARTITIONS, BLOCK = 70_000, 5, 2, 15_000
+IMPRESSIONS, SEED, PARTITIONS, BLOCK = 120_000, 5, 2, 20_000
 WINDOW_S, LAG_S = 900.0, 60.0
 
 
@@ -127,6 +126,21 @@ def read_examples(bootstrap: str, topic: str) -> dict[str, bytes]:
     return out
 
 
+def count_examples(bootstrap: str, topic: str) -> int:
+    """Messages on the output topic so far (0 while it does not exist or the broker is away)."""
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    except Exception:
+        return 0
+    try:
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(tps).values()) if tps else 0
+    finally:
+        consumer.close()
+
+
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -175,20 +189,23 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
 
         cfg = Config()
         store = MlflowModelStore(cfg.registry, env["CTR_REGISTRY_TRACKING_URI"])
-        wait_until(lambda: store.resolve("champion") is not None, "the first version")
-        client.start()
-        time.sleep(random.Random(SEED).uniform(1, 4))
-        stack.services("stop", "kafka")  # the broker goes away for 20 s
+        # the broker goes away for 20 s while the joiner is in the middle of the stream
+        wait_until(lambda: count_examples(stack.kafka, k.examples_topic) >= 5_000, "the joiner at work")
+        stack.services("stop", "kafka")
         time.sleep(20)
         stack.services("up")
-        time.sleep(5)
-        stack.services("stop", "redis")  # the online store restarts
-        time.sleep(5)
-        stack.services("up")
+        wait_until(lambda: store.resolve("champion") is not None, "the first version")
         versions_before = len(store.versions())
-        stack.services("stop", "mlflow")  # the registry is down for 30 s across a block's registration
+        stack.services("stop", "mlflow")  # the registry is down for 30 s while the next blocks close
         time.sleep(30)
         stack.services("up")
+        wait_until(lambda: _served(port) is not None, "the replica's first model", 120)
+        client.start()
+        time.sleep(2)
+        stack.services("stop", "redis")  # the online store restarts under scoring traffic
+        time.sleep(5)
+        stack.services("up")
+        time.sleep(2)
         assert joiner.wait(timeout=900) == 0, logs["joiner"].read_text()[-3000:]
         assert trainer.wait(timeout=900) == 0, logs["trainer"].read_text()[-3000:]
         champion = store.resolve("champion")
@@ -207,13 +224,15 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
     versions = store.versions()
     keys = [store.lineage(v)["lineage_key"] for v in versions]
     fault_report("Kafka broker stopped 20 s", 1, int(lost == 0), lost, len(got) - len(expected))
-    fault_report("Redis restarted", 1, int(client.failed == 0), 0, 0, f"{client.ok} requests answered")
-    fault_report("MLflow down 30 s across a registration", 1, int(len(versions) > versions_before), 0,
+    fault_report("Redis restarted (scoring under load)", 1, int(client.failed == 0), client.failed, 0)
+    fault_report("MLflow down 30 s across registrations", 1, int(len(versions) > versions_before), 0,
                  len(keys) - len(set(keys)))  # fmt: skip
     assert got == expected  # nothing lost, nothing invented, labels right
     joiner_log, trainer_log = logs["joiner"].read_text(), logs["trainer"].read_text()
-    assert "replaying from the last checkpoint" in joiner_log  # the outage was seen and survived
-    assert "MLflow" in trainer_log and "retrying" in trainer_log  # the registration waited
+    # the outage hit the joiner mid-stream (it survived it: by its producer's retries, or by a replay
+    # from its checkpoints when a flush failed), and the trainer waited for MLflow
+    assert "ECONNREFUSED" in joiner_log or "replaying from the last checkpoint" in joiner_log
+    assert "MLflow" in trainer_log and "retrying in" in trainer_log
     assert len(keys) == len(set(keys)) and len(versions) > versions_before
     parent, previous_block = "none", 0
     for v in versions:
