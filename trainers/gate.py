@@ -12,14 +12,16 @@ False
 >>> gate({"logloss": float("nan")}, None, 0.01).reason
 "candidate metric 'logloss' is nan"
 
-Before any of that, :func:`labels_look_corrupt` checks the block itself: a champion that ranked the
-last blocks well but ranks this one far *below* chance (AUC < ``trainer.min_champion_auc``) means
+Before any of that, :func:`labels_look_corrupt` checks the block itself: a champion that ranked its
+own held-out data well but ranks this block far *below* chance (AUC < ``trainer.min_champion_auc``) means
 the labels turned against everything learnt so far (flipped labels, a joiner bug), not drift: the
 block is refused whatever the candidate scores on its equally corrupt holdout.
 
->>> labels_look_corrupt({"auc": 0.31}, 0.45).kind
+>>> labels_look_corrupt({"auc": 0.31}, 0.45, proven_auc=0.71).kind
 'corrupt_labels'
->>> labels_look_corrupt({"auc": 0.62}, 0.45) is None
+>>> labels_look_corrupt({"auc": 0.62}, 0.45, proven_auc=0.71) is None
+True
+>>> labels_look_corrupt({"auc": 0.43}, 0.45, proven_auc=0.48) is None  # never good: noise, not flips
 True
 """
 
@@ -41,10 +43,15 @@ class GateDecision:
     kind: str = ""  # refusals: non_finite | worse_than_champion | corrupt_labels (a metric label)
 
 
-def labels_look_corrupt(champion_on_block: Mapping[str, float], min_auc: float) -> GateDecision | None:
-    """A refusal if the champion's progressive AUC on the block is below ``min_auc`` (0: never)."""
+def labels_look_corrupt(
+    champion_on_block: Mapping[str, float], min_auc: float, proven_auc: float | None = 1.0
+) -> GateDecision | None:
+    """A refusal if the champion's progressive AUC on the block is below ``min_auc`` (0: never),
+    for a champion that had proven itself (``proven_auc``, its held-out AUC when it was accepted, at
+    least ``1 - min_auc``): a barely trained champion ranks near chance and dips below by noise."""
     auc = float(champion_on_block.get("auc", math.nan))
-    if min_auc > 0 and math.isfinite(auc) and auc < min_auc:
+    proven = proven_auc is not None and proven_auc >= 1.0 - min_auc
+    if min_auc > 0 and proven and math.isfinite(auc) and auc < min_auc:
         return GateDecision(
             False,
             f"labels look corrupt: the champion's AUC on this block is {auc:.4f} < {min_auc:g} "

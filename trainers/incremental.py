@@ -170,6 +170,7 @@ class IncrementalTrainer:
         self.blocks = 0
         self._buffer: list[LabelledExample] = []
         self._position: Any = None
+        self._champion_auc: float | None = None  # the champion's held-out AUC when it was accepted
 
     @property
     def champion_version(self) -> str | None:
@@ -240,7 +241,11 @@ class IncrementalTrainer:
         cand_metrics = block_metrics(hold.labels, candidate.predict(hold)) | {"train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
         champ_metrics = block_metrics(hold.labels, p_online[n - n_hold :]) if self.has_champion else None
-        corrupt = labels_look_corrupt(online, self.cfg.min_champion_auc) if self.has_champion else None
+        corrupt = (
+            labels_look_corrupt(online, self.cfg.min_champion_auc, self._champion_auc)
+            if self.has_champion
+            else None
+        )
         decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
         if self.static is None:
             self.static = (candidate if decision.accepted else champion).clone(frozen=True)
@@ -281,6 +286,7 @@ class IncrementalTrainer:
             else:
                 candidate.version = None
             self.champion, self.has_champion = candidate, True
+            self._champion_auc = cand_metrics.get("auc")  # what the new champion proved on held-out data
         return report
 
     def _follow_alias(self) -> str | None:
@@ -291,6 +297,7 @@ class IncrementalTrainer:
         if found is None:
             return None
         self.champion, self.has_champion = found, True
+        self._champion_auc = None  # not measured here: no corrupt-label check until it is
         return str(found.version)
 
     def _move_alias(self, version: str, gated_against: str | None) -> bool:
