@@ -26,11 +26,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from pipeline.config import RegistryConfig
 from serving_bridge.server import NOTIFY_CHANNEL
+from trainers.model_registry import ModelRegistry
 
 if TYPE_CHECKING:
     from trainers.registry import MlflowModelStore
@@ -47,42 +46,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 TAG_PREFIX = "rollback."  # on the target version
 MODEL_TAG_PREFIX = "last_rollback."  # on the registered model
-
-
-class ModelRegistry:
-    """The registered model's versions and aliases, for commands that never load a model.
-
-    :class:`trainers.registry.MlflowModelStore` has the same members; this one imports neither
-    torch nor the learner and creates no experiment, so `ctr rollback` starts faster and changes
-    nothing but the alias and its tags.
-    """
-
-    def __init__(self, cfg: RegistryConfig, tracking_uri: str | None = None) -> None:
-        self.tracking_uri = tracking_uri or cfg.tracking_uri
-        if not self.tracking_uri:
-            raise ValueError("ModelRegistry: no tracking URI; set registry.tracking_uri")
-        self.name = cfg.model_name
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-
-    def versions(self) -> list[str]:
-        """Every version number of the model, oldest first (empty if there is no such model)."""
-        try:
-            found = self.client.search_model_versions(f"name = '{self.name}'")
-        except MlflowException:
-            return []
-        return sorted((str(mv.version) for mv in found), key=int)
-
-    def resolve(self, alias: str) -> str | None:
-        """The version ``alias`` points at, or None."""
-        try:
-            return str(self.client.get_model_version_by_alias(self.name, alias).version)
-        except MlflowException as exc:
-            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
-                return None
-            raise
-
-    def set_alias(self, alias: str, version: str) -> None:
-        self.client.set_registered_model_alias(self.name, alias, str(version))
 
 
 class RollbackError(ValueError):

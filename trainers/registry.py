@@ -34,7 +34,6 @@ import mlflow
 import numpy as np
 import pandas as pd
 import torch
-from mlflow import MlflowClient
 from mlflow.entities import LoggedModelOutput, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
@@ -42,12 +41,12 @@ from mlflow.types.schema import ColSpec, DataType, Map, Schema
 
 from pipeline.config import RegistryConfig
 from trainers.learner import TorchLearner
+from trainers.model_registry import ModelRegistry
 
 __all__ = ["MlflowModelStore", "code_version", "config_hash"]
 
 _MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
 _TAG_LIMIT = 8_000  # longest tag value we write (MLflow's run-tag limit; version tags allow more)
-_SYSTEM_TAGS = ("mlflow.",)  # tags MLflow sets itself; not part of our lineage
 
 
 @functools.cache
@@ -136,7 +135,7 @@ def _flatten(prefix: str, d: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-class MlflowModelStore:
+class MlflowModelStore(ModelRegistry):
     """Publishes :class:`TorchLearner` versions to an MLflow registry; aliases name the live one."""
 
     def __init__(
@@ -151,17 +150,9 @@ class MlflowModelStore:
         """``optimizer_state`` (default ``cfg.optimizer_state``): also store the Adam moments, 3x
         the artifact, so that a resumed trainer continues exactly; otherwise a loaded learner starts
         with fresh moments (they re-warm within a block)."""
+        super().__init__(cfg, tracking_uri, registry_uri)
         self.cfg = cfg
-        self.tracking_uri = tracking_uri or cfg.tracking_uri
-        if not self.tracking_uri:
-            raise ValueError(
-                "MlflowModelStore: no tracking URI; pass one, set registry.tracking_uri, "
-                "or use MlflowModelStore.embedded(cfg, out_dir)"
-            )
-        self.registry_uri = registry_uri or self.tracking_uri
-        self.name = cfg.model_name
         self.optimizer_state = cfg.optimizer_state if optimizer_state is None else optimizer_state
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
         self.experiment_id = self._experiment(artifact_location or cfg.artifact_root or None)
         self.last_publish_s = math.nan  # seconds the last publish took (for benchmarks and logs)
 
@@ -255,19 +246,6 @@ class MlflowModelStore:
         self.last_publish_s = time.perf_counter() - start
         return str(version.version)
 
-    def set_alias(self, alias: str, version: str) -> None:
-        """Point ``alias`` at ``version`` (what an operator does in the UI to roll back)."""
-        self.client.set_registered_model_alias(self.name, alias, str(version))
-
-    def resolve(self, alias: str) -> str | None:
-        """The version ``alias`` points at, or None if the alias (or the model) does not exist."""
-        try:
-            return str(self.client.get_model_version_by_alias(self.name, alias).version)
-        except MlflowException as exc:
-            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
-                return None
-            raise
-
     def load(self, version: str, *, device: str | None = None) -> TorchLearner:
         """Download ``version``'s artifacts and rebuild its learner (``weights_only=True``)."""
         with tempfile.TemporaryDirectory(prefix="ctr-load-") as tmp:
@@ -284,18 +262,5 @@ class MlflowModelStore:
         return learner
 
     # -- inspection ------------------------------------------------------------------------------
-    def lineage(self, version: str) -> dict[str, str]:
-        """The lineage tags of ``version`` (MLflow's own ``mlflow.*`` tags left out)."""
-        mv = self.client.get_model_version(self.name, str(version))
-        return {k: v for k, v in mv.tags.items() if not k.startswith(_SYSTEM_TAGS)}
-
-    def versions(self) -> list[str]:
-        """Every version number of the model, oldest first."""
-        try:
-            found = self.client.search_model_versions(f"name = '{self.name}'")
-        except MlflowException:
-            return []
-        return sorted((str(mv.version) for mv in found), key=int)
-
     def __repr__(self) -> str:
         return f"MlflowModelStore({self.tracking_uri!r}, model={self.name!r})"

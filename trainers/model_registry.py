@@ -1,0 +1,64 @@
+"""The registered model's versions, aliases and lineage tags: MLflow's client only.
+
+:class:`ModelRegistry` imports neither torch nor the learner and creates no experiment, so commands
+that never load a model (`ctr rollback`, `ctr versions`) start fast and change nothing else.
+:class:`trainers.registry.MlflowModelStore` extends it with publishing and loading.
+"""
+
+from __future__ import annotations
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from pipeline.config import RegistryConfig
+
+__all__ = ["ModelRegistry"]
+
+_SYSTEM_TAGS = ("mlflow.",)  # tags MLflow sets itself; not part of our lineage
+
+
+class ModelRegistry:
+    """Versions, aliases and lineage tags of ``cfg.model_name`` in the registry at ``tracking_uri``."""
+
+    def __init__(
+        self, cfg: RegistryConfig, tracking_uri: str | None = None, registry_uri: str | None = None
+    ) -> None:
+        self.tracking_uri = tracking_uri or cfg.tracking_uri
+        if not self.tracking_uri:
+            raise ValueError(
+                f"{type(self).__name__}: no tracking URI; pass one or set registry.tracking_uri"
+                + (
+                    " (or use MlflowModelStore.embedded(cfg, out_dir))"
+                    if type(self) is not ModelRegistry
+                    else ""
+                )
+            )
+        self.registry_uri = registry_uri or self.tracking_uri
+        self.name = cfg.model_name
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+
+    def versions(self) -> list[str]:
+        """Every version number of the model, oldest first (empty if there is no such model)."""
+        try:
+            found = self.client.search_model_versions(f"name = '{self.name}'")
+        except MlflowException:
+            return []
+        return sorted((str(mv.version) for mv in found), key=int)
+
+    def resolve(self, alias: str) -> str | None:
+        """The version ``alias`` points at, or None if the alias (or the model) does not exist."""
+        try:
+            return str(self.client.get_model_version_by_alias(self.name, alias).version)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+
+    def set_alias(self, alias: str, version: str) -> None:
+        """Point ``alias`` at ``version`` (what an operator does in the UI to roll back)."""
+        self.client.set_registered_model_alias(self.name, alias, str(version))
+
+    def lineage(self, version: str) -> dict[str, str]:
+        """The lineage tags of ``version`` (MLflow's own ``mlflow.*`` tags left out)."""
+        mv = self.client.get_model_version(self.name, str(version))
+        return {k: v for k, v in mv.tags.items() if not k.startswith(_SYSTEM_TAGS)}
