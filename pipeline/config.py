@@ -96,7 +96,10 @@ class TrainerConfig:
     min_champion_auc: float = 0.45
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 7
-    threads: int = 0  # torch CPU threads; 0 = torch's default
+    # torch CPU threads; 0 = auto: half the cores (at least 1). The trainer shares its host with the
+    # consumer thread and, on small machines, the other daemons: torch's default (one per core)
+    # oversubscribes the CPU and its spinning OpenMP workers made a block 3-30x slower under load.
+    threads: int = 0
 
 
 @dataclass

@@ -32,6 +32,7 @@ from kafka.errors import KafkaError
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
+from pipeline.events import LabelledExample
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from serving_bridge.server import NOTIFY_CHANNEL
@@ -95,10 +96,7 @@ class IdempotentStore:
                 delay = min(delay * 2, 30.0)
 
     def find(self, key: str) -> str | None:
-        for version in self.inner.versions():
-            if self.inner.lineage(version).get("lineage_key") == key:
-                return version
-        return None
+        return self.inner.find_by_tag("lineage_key", key)
 
     def set_alias(self, alias: str, version: str) -> None:
         self._retrying("alias move", lambda: self.inner.set_alias(alias, version))
@@ -224,6 +222,7 @@ class TrainerDaemon:
                     self.dead.write(letter)
                     self.counters["dead_letters"] += 1
                     self.dead_reasons[letter.reason] += 1
+                fresh: list[LabelledExample] = []  # handed to the trainer a block boundary at a time
                 for ex, (tp, offset) in zip(batch.examples, batch.where, strict=True):
                     if offset < self.pos.get(tp, 0):
                         continue  # before our checkpoint: a rewind re-delivered it
@@ -233,14 +232,15 @@ class TrainerDaemon:
                         continue
                     self.seen[ex.example_id] = ex.impression.ts
                     self.counters["examples"] += 1
-                    closing = self.trainer.needed == 1
-                    if closing:
+                    fresh.append(ex)
+                    if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here
-                    position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
-                    for report in self.trainer.add([ex], position=position if closing else None):
-                        self._block_done(report)
-                        block_from = dict(self.pos)
+                        position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
+                        for report in self.trainer.add(fresh, position=position):
+                            self._block_done(report)
+                        block_from, fresh = dict(self.pos), []
+                self.trainer.add(fresh)  # fewer than a block: buffered (and encoded) now
                 if batch.dead:
                     self.dead.flush()
                 if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
@@ -251,6 +251,8 @@ class TrainerDaemon:
         return self.counters
 
     def _block_done(self, report: Any) -> None:
+        if report.alias_moved:
+            self._announce()  # first: replicas load the new version while we checkpoint
         self.counters["blocks"] += 1
         if report.adopted_version is not None and report.version is None:
             # the rolled-back champion is now the one we fine-tune: checkpoint its weights with its
@@ -271,8 +273,6 @@ class TrainerDaemon:
             report.version,
             report.decision.reason,
         )
-        if report.alias_moved:
-            self._announce()
         self._block_metrics(report)
         logs.set_context(version=self.trainer.champion_version, offsets=dict(self.pos))
         systemd.status(

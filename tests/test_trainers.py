@@ -231,6 +231,23 @@ def test_trainer_is_deterministic_on_cpu():
     assert run() == run()
 
 
+def test_examples_encoded_as_they_arrive_train_exactly_like_one_big_add():
+    """The trainer encodes each add()'s examples on arrival; blocks must not depend on how they came."""
+    data = stream(6_500)
+    order = np.random.default_rng(5).permutation(len(data))
+    data = [data[i] for i in order]  # out of impression-time order: the block's sort must still hold
+
+    def run(chunk: int):
+        trainer = IncrementalTrainer(small_cfg("deepfm"), None)
+        reports = [r for i in range(0, len(data), chunk) for r in trainer.add(data[i : i + chunk])]
+        reports += trainer.flush()
+        return [(r.examples, r.online, r.candidate, r.train_loss, r.event_time_max) for r in reports]
+
+    whole, pieces = run(len(data)), run(333)
+    assert len(whole) == 4 and [w[0] for w in whole] == [2_000, 2_000, 2_000, 500]
+    assert pieces == whole
+
+
 def test_poisoned_candidate_is_refused_and_champion_stays(model_name, monkeypatch):
     store = InMemoryModelStore()
     trainer = IncrementalTrainer(small_cfg(model_name), store)

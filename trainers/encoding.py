@@ -66,6 +66,18 @@ class EncodedBatch:
         labels = None if self.labels is None else self.labels[index]
         return EncodedBatch(self.ids[index], self.dense[index], labels)
 
+    @staticmethod
+    def concat(parts: Sequence[EncodedBatch]) -> EncodedBatch:
+        """One batch of ``parts``' rows in order (labels kept only if every part has them)."""
+        if len(parts) == 1:
+            return parts[0]
+        labels = [p.labels for p in parts]
+        return EncodedBatch(
+            np.concatenate([p.ids for p in parts]),
+            np.concatenate([p.dense for p in parts]),
+            None if any(x is None for x in labels) else np.concatenate(labels),  # type: ignore[arg-type]
+        )
+
 
 def _is_rate(name: str) -> bool:
     low = name.lower()

@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from pipeline.config import TrainerConfig
 from pipeline.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
-from trainers.learner import TorchLearner
+from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
@@ -157,6 +158,7 @@ class IncrementalTrainer:
             raise ValueError("IncrementalTrainer: baselines may not be named 'online' or 'static'")
         self.on_scores = on_scores
         self.cfg = cfg
+        torch.set_num_threads(cpu_threads(cfg))  # the process trains: size torch's pool to share the CPU
         self.store = store
         self.alias = alias
         self.champion: TorchLearner | None = champion
@@ -169,6 +171,11 @@ class IncrementalTrainer:
         self.static: TorchLearner | None = None
         self.blocks = 0
         self._buffer: list[LabelledExample] = []
+        # the buffer's first ``_encoded_rows`` examples, encoded as they arrived by ``_encoded_with``
+        # (the champion's encoder then): a closing block only encodes its last call's examples
+        self._encoded: list[EncodedBatch] = []
+        self._encoded_rows = 0
+        self._encoded_with: Encoder | None = None
         self._position: Any = None
         self._champion_auc: float | None = None  # the champion's held-out AUC when it was accepted
 
@@ -192,11 +199,10 @@ class IncrementalTrainer:
         self._buffer.extend(examples)
         if position is not None:
             self._position = position
+        self._encode_ahead()
         reports = []
         while len(self._buffer) >= self.cfg.train_every:
-            block = self._buffer[: self.cfg.train_every]
-            del self._buffer[: self.cfg.train_every]
-            reports.append(self._run_block(block))
+            reports.append(self._run_block(*self._take(self.cfg.train_every)))
         return reports
 
     def flush(self, min_examples: int = 2) -> list[BlockReport]:
@@ -207,19 +213,49 @@ class IncrementalTrainer:
         """
         if len(self._buffer) < max(2, min_examples):
             return []
-        block, self._buffer = self._buffer, []
-        return [self._run_block(block)]
+        return [self._run_block(*self._take(len(self._buffer)))]
+
+    # -- the buffer ------------------------------------------------------------------------------
+    def _encode_ahead(self) -> None:
+        """Encode the buffered examples not encoded yet, with the champion's encoder (none before block 1)."""
+        if self.champion is None:
+            return
+        encoder = self.champion.encoder
+        if self._encoded_with is not encoder:  # first block done, or an adopted champion's encoder
+            self._encoded, self._encoded_rows, self._encoded_with = [], 0, encoder
+        if self._encoded_rows < len(self._buffer):
+            self._encoded.append(encoder.encode(self._buffer[self._encoded_rows :]))
+            self._encoded_rows = len(self._buffer)
+
+    def _take(self, n: int) -> tuple[list[LabelledExample], EncodedBatch | None, Encoder | None]:
+        """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
+        block = self._buffer[:n]
+        del self._buffer[:n]
+        if self._encoded_rows < n:  # not encoded ahead (block 1)
+            self._encoded, self._encoded_rows = [], 0
+            return block, None, None
+        encoded = EncodedBatch.concat(self._encoded)
+        self._encoded = [encoded[n:]] if len(encoded) > n else []
+        self._encoded_rows -= n
+        return block, encoded[:n], self._encoded_with
 
     # -- one block -------------------------------------------------------------------------------
-    def _run_block(self, block: list[LabelledExample]) -> BlockReport:
+    def _run_block(
+        self, block: list[LabelledExample], encoded: EncodedBatch | None, encoded_with: Encoder | None
+    ) -> BlockReport:
         self.blocks += 1
         adopted = self._follow_alias()
-        block = sorted(block, key=lambda ex: ex.impression.ts)  # stable: newest last, for the holdout
+        ts = np.fromiter((ex.impression.ts for ex in block), dtype=np.int64, count=len(block))
+        order = np.argsort(ts, kind="stable")  # stable: newest last, for the holdout
+        block = [block[i] for i in order]
         if self.champion is None:
             encoder = Encoder(self.cfg.hash_buckets).fit(block)
             self.champion = TorchLearner(self.cfg, encoder)  # untrained: block 1's scorer and base
         champion = self.champion
-        batch = champion.encode(block)
+        if encoded is not None and encoded_with is champion.encoder:
+            batch = encoded[order]
+        else:
+            batch = champion.encode(block)
         assert batch.labels is not None
         y = batch.labels
         p_online = champion.predict(batch)

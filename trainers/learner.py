@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -44,6 +45,7 @@ __all__ = [
     "TorchLearner",
     "autocast_dtype",
     "config_from_dict",
+    "cpu_threads",
     "pins_host_memory",
     "resolve_device",
     "step_batch_size",
@@ -93,6 +95,17 @@ def step_batch_size(cfg: TrainerConfig, device: torch.device) -> int:
     return cfg.batch_size
 
 
+def cpu_threads(cfg: TrainerConfig) -> int:
+    """torch CPU threads for a learner: ``cfg.threads``, or half the cores (at least 1) when 0.
+
+    >>> cpu_threads(TrainerConfig(threads=3))
+    3
+    >>> cpu_threads(TrainerConfig()) == max(1, (os.cpu_count() or 2) // 2)
+    True
+    """
+    return cfg.threads if cfg.threads > 0 else max(1, (os.cpu_count() or 2) // 2)
+
+
 def config_from_dict(d: Mapping[str, Any]) -> TrainerConfig:
     """Rebuild a TrainerConfig saved with ``dataclasses.asdict``; unknown keys (newer code) are dropped."""
     fields = {f.name for f in dataclasses.fields(TrainerConfig)}
@@ -132,8 +145,6 @@ class TorchLearner:
         self.device = resolve_device(device or cfg.device)
         self._pin = pins_host_memory(self.device)
         self._amp_dtype = autocast_dtype(self.device)
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
         if model is None:
             spec = model_spec(
                 cfg.model,

@@ -45,6 +45,18 @@ class ModelRegistry:
             return []
         return sorted((str(mv.version) for mv in found), key=int)
 
+    def find_by_tag(self, key: str, value: str) -> str | None:
+        """The oldest version whose tag ``key`` is ``value`` (one search, however many versions)."""
+        if "'" in value or "'" in key:
+            raise ValueError(f"find_by_tag: quotes are not allowed in {key!r}={value!r}")
+        try:
+            found = self.client.search_model_versions(f"name = '{self.name}' and tags.{key} = '{value}'")
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+                return None
+            raise
+        return min((str(mv.version) for mv in found), key=int, default=None)
+
     def resolve(self, alias: str) -> str | None:
         """The version ``alias`` points at, or None if the alias (or the model) does not exist."""
         try:
