@@ -6,7 +6,12 @@ One simulated stream is published to fresh uuid-named topics; then, in the same 
    every record of both topics and does nothing with them: the reference;
 2. **in-process**: the same bytes go through validation, the per-partition tasks (joiner +
    streaming features), example encoding and the feature drain, without Kafka or Feast;
-3. **joiner over Kafka**: :class:`pipeline.joiner_daemon.JoinerDaemon` (what ``ctr joiner`` runs) in
+3. **raw producer**: a plain kafka-python ``KafkaProducer`` (acks=all, the sink's linger and batch
+   size) sends the examples of step 2 to a fresh topic and flushes: the least producing them costs.
+   With the raw consumer it gives ``kafka_python_bound_events_per_s``: the most any joiner that
+   reads every event and writes one record per example with kafka-python in one process could
+   reach, before joining anything (``1 / (1/consumer + examples/events / producer)``);
+4. **joiner over Kafka**: :class:`pipeline.joiner_daemon.JoinerDaemon` (what ``ctr joiner`` runs) in
    this process, with its consumer group, examples and dead-letter producers, Feast pushes to Redis
    (db 15) and checkpoints, until it has read everything and gone idle.
 
@@ -36,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from pipeline.config import Config, KafkaConfig
 from pipeline.events import DeadLetter, Validator
@@ -95,8 +100,31 @@ def raw_consumer(cfg: KafkaConfig, total: int, tag: str) -> dict[str, float]:
     return {"events": n, "seconds": elapsed, "events_per_s": n / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
-def in_process(cfg: Config, records: list[tuple[str, bytes, int]]) -> dict[str, float]:
-    """Validation + partition tasks + example JSON + feature drain over ``records``, no Kafka."""
+def raw_producer(cfg: KafkaConfig, payloads: list[tuple[bytes, bytes]], topic: str) -> dict[str, float]:
+    """A plain kafka-python producer sending ``payloads`` (key, value) to ``topic``, then flushing."""
+    producer = KafkaProducer(
+        bootstrap_servers=cfg.bootstrap_servers,
+        acks="all",
+        linger_ms=cfg.linger_ms,
+        batch_size=cfg.producer_batch_bytes,
+    )
+    producer.send(topic, key=payloads[0][0], value=payloads[0][1]).get(timeout=30)  # metadata, warm
+    started = time.monotonic()
+    for key, value in payloads:
+        producer.send(topic, key=key, value=value)
+    producer.flush()
+    elapsed = time.monotonic() - started
+    producer.close()
+    n = len(payloads)
+    return {"records": n, "seconds": elapsed, "records_per_s": n / elapsed}
+
+
+def in_process(
+    cfg: Config, records: list[tuple[str, bytes, int]], payloads: list[tuple[bytes, bytes]]
+) -> dict[str, float]:
+    """Validation + partition tasks + example JSON + feature drain over ``records``, no Kafka.
+
+    Appends each example's (key, JSON) to ``payloads``, for the raw producer."""
     validator = Validator(cfg.validation, WallClock())
     tasks = {p: PartitionTask(cfg, p, idle_s=0.0) for p in range(PARTITIONS)}
     offsets = dict.fromkeys((k, p) for k in ("impression", "click") for p in range(PARTITIONS))
@@ -110,7 +138,8 @@ def in_process(cfg: Config, records: list[tuple[str, bytes, int]]) -> dict[str, 
         for task in tasks.values():
             task.run(at_end=lambda kind: True)
             for ex in task.drain():
-                out_bytes += len(ex.to_json())
+                payloads.append((ex.impression.user_id.encode(), ex.to_json()))
+                out_bytes += len(payloads[-1][1])
                 examples += 1
     for task in tasks.values():
         task.features.drain_dirty()
@@ -175,18 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         cfg = bench_config(bootstrap, redis_url, Path(tmp), tag)
         k = cfg.kafka
-        ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+        raw_topic = f"bench-rawprod-{tag}"
+        ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic, raw_topic], PARTITIONS)
         try:
             t0 = time.monotonic()
             publish_stream(k, events)
             publish_s = time.monotonic() - t0
             total = len(events)
             raw = raw_consumer(k, total, tag)
-            inproc = in_process(cfg, records)
+            payloads: list[tuple[bytes, bytes]] = []
+            inproc = in_process(cfg, records, payloads)
+            producer = raw_producer(k, payloads, raw_topic)
             joiner = joiner_over_kafka(cfg, total, args.profile)
         finally:
             admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-            topics = [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
+            topics = [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic, raw_topic]
             admin.delete_topics([t for t in topics if t in set(admin.list_topics())])
             for g in (f"bench-raw-{tag}", f"{k.group_id_prefix}-joiner"):
                 try:
@@ -196,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             admin.close()
 
     profile_top = joiner.pop("profile_top", None)
+    per_event_s = 1 / raw["events_per_s"] + (inproc["examples"] / total) / producer["records_per_s"]
+    bound = 1 / per_event_s
     result = {
         "events": total,
         "impressions": args.impressions,
@@ -205,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_raw_consumer": joiner["events_per_s"] / raw["events_per_s"],
         "in_process_events_per_s": inproc["events_per_s"],
         "in_process_ratio_to_raw_consumer": inproc["events_per_s"] / raw["events_per_s"],
+        "raw_producer_records_per_s": producer["records_per_s"],
+        "kafka_python_bound_events_per_s": bound,
+        "kafka_python_bound_ratio_to_raw_consumer": bound / raw["events_per_s"],
         "joiner": joiner,
+        "raw_producer": producer,
         "raw_consumer": raw,
         "in_process": inproc,
         "machine": {
@@ -224,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<28}{r['events']:>10}{r['seconds']:>10.2f}{r['events_per_s']:>12,.0f}"
             f"{r['events_per_s'] / raw['events_per_s']:>8.2f}"
         )
+    print(
+        f"{'raw kafka-python producer':<28}{producer['records']:>10}{producer['seconds']:>10.2f}"
+        f"{producer['records_per_s']:>12,.0f}{'':>8}  (examples: records/s)"
+    )
+    print(
+        f"{'bound: consume + produce':<28}{'':>10}{'':>10}{bound:>12,.0f}{bound / raw['events_per_s']:>8.2f}"
+        "  (no joining at all)"
+    )
     load = result["machine"]["load_avg_1m"]
     print(f"(published at {result['publish_events_per_s']:,.0f} events/s; load average {load:.2f})")
     if profile_top:
