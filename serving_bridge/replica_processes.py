@@ -21,8 +21,9 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ReplicaProcesses", "SwitchWatch", "free_port", "served_version"]
+__all__ = ["ReplicaProcesses", "SwitchWatch", "free_port", "served_version", "stop_processes"]
 
 
 def free_port() -> int:
@@ -40,6 +41,19 @@ def served_version(url: str, timeout_s: float = 2.0) -> str | None:
     except (OSError, ValueError, KeyError):
         return None
     return None if version is None else str(version)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout_s: float = 30) -> None:
+    """SIGTERM every process still running, wait for each (``timeout_s``), SIGKILL the stragglers."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 @dataclass
@@ -87,15 +101,7 @@ class ReplicaProcesses:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
 
 class SwitchWatch:

@@ -27,7 +27,9 @@ from kafka import KafkaConsumer
 from pipeline.config import Config, KafkaConfig
 from pipeline.kafka_io import ensure_topics, publish_stream
 from pipeline.simulator import Simulator
-from serving_bridge.server import kafka_partition
+from serving_bridge.replica_processes import served_version as replica_version
+from serving_bridge.replica_processes import stop_processes
+from tests.integration.stream_truth import expected_labels
 
 IMPRESSIONS = 280_000  # plus ~17k clicks and ~1k duplicates: over 300,000 events
 SEED = 21
@@ -54,17 +56,7 @@ def stream(services: dict[str, str], kafka_admin: object) -> Iterator[Stream]:
     ensure_topics(k, [k.impressions_topic, k.clicks_topic], PARTITIONS)
     sim = Simulator(Config().simulator, SEED)
     counts = publish_stream(k, sim.stream(IMPRESSIONS))
-    # What the joiner must emit: each partition's watermark is its newest event time minus the lag;
-    # an impression is final once its window ends before its partition's watermark.
-    newest = [0] * PARTITIONS
-    imps: dict[str, tuple[int, int]] = {}
-    for kind, ev in sim.stream(IMPRESSIONS):
-        p = kafka_partition(ev["user_id"], PARTITIONS)
-        newest[p] = max(newest[p], ev["ts"])
-        if kind == "impression":
-            imps.setdefault(ev["impression_id"], (ev["ts"], p))
-    truth = sim.ground_truth(IMPRESSIONS, WINDOW_S)
-    expected = {i: truth[i] for i, (ts, p) in imps.items() if ts + WINDOW_S * 1000 < newest[p] - LAG_S * 1000}
+    expected = expected_labels(sim, IMPRESSIONS, PARTITIONS, WINDOW_S, LAG_S)
     yield Stream(k.impressions_topic, k.clicks_topic, sum(counts.values()), expected)
     kafka_admin.delete_topics([k.impressions_topic, k.clicks_topic])  # type: ignore[attr-defined]
 
@@ -146,14 +138,7 @@ class Run:
         return out, repeats
 
     def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
 
 
 @pytest.fixture
@@ -204,13 +189,8 @@ def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dic
 def served_version(port: int, until: str | None = None, timeout_s: float = 60) -> str | None:
     """The version a replica answers on ``GET /version`` (waiting up to ``timeout_s`` for ``until``)."""
     deadline = time.monotonic() + timeout_s
-    served = None
     while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
-                served = json.loads(resp.read())["version"]
-        except OSError:
-            pass
+        served = replica_version(f"http://127.0.0.1:{port}")
         if (served is not None if until is None else served == until) or time.monotonic() > deadline:
             return served
         time.sleep(0.5)

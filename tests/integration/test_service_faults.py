@@ -27,7 +27,7 @@ from kafka import KafkaConsumer
 from pipeline.config import Config, KafkaConfig
 from pipeline.kafka_io import ensure_topics, publish_stream
 from pipeline.simulator import Simulator
-from serving_bridge.server import kafka_partition
+from tests.integration.stream_truth import expected_labels
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1_500)]
 
@@ -97,20 +97,6 @@ class Client(threading.Thread):
                 self.failed += 1
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {exc!r}"[:200])
             time.sleep(0.05)
-
-
-def expected_labels() -> dict[str, int]:
-    """Every impression whose window closed before its partition's watermark, with its label."""
-    sim = Simulator(Config().simulator, SEED)
-    newest = [0] * PARTITIONS
-    imps: dict[str, tuple[int, int]] = {}
-    for kind, ev in sim.stream(IMPRESSIONS):
-        p = kafka_partition(ev["user_id"], PARTITIONS)
-        newest[p] = max(newest[p], ev["ts"])
-        if kind == "impression":
-            imps.setdefault(ev["impression_id"], (ev["ts"], p))
-    truth = sim.ground_truth(IMPRESSIONS, WINDOW_S)
-    return {i: truth[i] for i, (ts, p) in imps.items() if ts + WINDOW_S * 1000 < newest[p] - LAG_S * 1000}
 
 
 def read_examples(bootstrap: str, topic: str) -> dict[str, bytes]:
@@ -218,7 +204,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
                 proc.wait(timeout=60)
 
     examples = read_examples(stack.kafka, k.examples_topic)
-    expected = expected_labels()
+    expected = expected_labels(Simulator(Config().simulator, SEED), IMPRESSIONS, PARTITIONS, WINDOW_S, LAG_S)
     got = {i: json.loads(v)["label"] for i, v in examples.items()}
     lost = len(set(expected) - set(got))
     versions = store.versions()

@@ -35,7 +35,7 @@ from pipeline.config import Config, KafkaConfig
 from pipeline.deploy import Installer, InstallOptions, parse_env_file
 from pipeline.kafka_io import ensure_topics, publish_stream
 from pipeline.simulator import Simulator
-from serving_bridge.server import kafka_partition
+from tests.integration.stream_truth import expected_labels
 
 REPO = Path(__file__).resolve().parents[2]
 IMPRESSIONS, SEED, PARTITIONS = 40_000, 11, 3
@@ -231,15 +231,7 @@ def deployment(
     sim_cfg.events_per_s = EVENTS_PER_S
     sim = Simulator(sim_cfg, SEED)
     publish_stream(k, sim.stream(IMPRESSIONS))
-    newest = [0] * PARTITIONS  # what the joiner must emit (see test_production_loop.stream)
-    imps: dict[str, tuple[int, int]] = {}
-    for kind, ev in sim.stream(IMPRESSIONS):
-        p = kafka_partition(ev["user_id"], PARTITIONS)
-        newest[p] = max(newest[p], ev["ts"])
-        if kind == "impression":
-            imps.setdefault(ev["impression_id"], (ev["ts"], p))
-    truth = sim.ground_truth(IMPRESSIONS, WINDOW_S)
-    d.expected = {i: truth[i] for i, (ts, p) in imps.items() if ts + WINDOW_S * 1e3 < newest[p] - LAG_S * 1e3}
+    d.expected = expected_labels(sim, IMPRESSIONS, PARTITIONS, WINDOW_S, LAG_S)
     yield d
     topics = [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
     try:
