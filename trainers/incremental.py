@@ -15,6 +15,10 @@ champion (before learning it, on exactly the same encoded rows), then learn the 
 metrics land in :attr:`BlockReport.baselines`, and ``on_scores`` receives every block's labels and
 each learner's scores (e.g. for bootstrap confidence intervals over examples).
 
+Examples are encoded as :meth:`IncrementalTrainer.add` receives them (with the champion's encoder),
+so closing a block only encodes the last call's examples (the result is the same however the
+examples arrived); most of the encoding happens while the block is still filling.
+
 Block 1 has no champion: the encoder schema is fitted on the block's field names (never labels),
 the untrained initial model does the progressive scoring, and the gate accepts any finite candidate.
 
