@@ -28,13 +28,14 @@ from typing import Any
 from tqdm import tqdm
 
 from pipeline import backtest_report as report
+from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import Config
 from pipeline.loop import OnlineLoop
 from pipeline.parquet_source import ParquetSource
 from pipeline.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
 from pipeline.simulator import Simulator
 from pipeline.sinks import JsonlDeadLetters
-from pipeline.sources import AvazuCsvSource, JsonlSource, SimulatorSource
+from pipeline.sources import JsonlSource, SimulatorSource
 from pipeline.types import Source
 from trainers.ftrl import FtrlLearner, FtrlParams
 from trainers.incremental import BlockReport, BlockScores, IncrementalTrainer

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import KafkaConfig
 from pipeline.kafka_client import KafkaSink
-from pipeline.sources import AvazuCsvSource, JsonlSource
+from pipeline.sources import JsonlSource
 from pipeline.types import EventKind, Source
 
 __all__ = ["RateLimiter", "publish_stream", "replay_file_to_kafka"]

@@ -1,6 +1,6 @@
 """More replay sources for labelled logs: Criteo's TSV and the Open Bandit Dataset's CSV.
 
-All follow :class:`pipeline.sources.AvazuCsvSource`'s pattern (same :class:`Source` contract:
+All follow :class:`pipeline.avazu_source.AvazuCsvSource`'s pattern (same :class:`Source` contract:
 batches, an event-time clock, ``snapshot()``/``resume``): a log whose rows already carry their
 label becomes an impression per row plus a click for each positive row, a seeded lognormal
 :class:`ClickDelay` later, delivered in ``ts`` order, so the joiner does real attribution work.

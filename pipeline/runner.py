@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import Config
 from pipeline.embedded import EmbeddedStack
 from pipeline.loop import BlockTiming, OnlineLoop
 from pipeline.simulator import Simulator
-from pipeline.sources import AvazuCsvSource, JsonlSource, SimulatorSource
+from pipeline.sources import JsonlSource, SimulatorSource
 from pipeline.types import Source
 
 __all__ = ["RunResult", "run_demo", "run_embedded", "run_replay"]

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from pipeline.avazu_source import AvazuCsvSource, avazu_hour_to_ms
 from pipeline.config import SimulatorConfig, ValidationConfig
 from pipeline.events import Click, DeadLetter, Impression, Validator
 from pipeline.simulator import Simulator, write_jsonl
-from pipeline.sources import AvazuCsvSource, JsonlSource, SimulatorSource, avazu_hour_to_ms
+from pipeline.sources import JsonlSource, SimulatorSource
 from pipeline.types import RawEvent, Source
 
 AVAZU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "avazu_first_hour"
