@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impressions", type=int, default=560_000, help="5 blocks of 100k + the window's tail")
     ap.add_argument("--train-every", type=int, default=100_000)
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="versions to wait for (0 = the full blocks whose windows the stream closes, by estimate)",
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=RESULTS / "freshness.json")
     ap.add_argument("--logs", type=Path, help="keep the daemons' logs in this folder")
@@ -236,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             started = time.time()
             producer.publish(Simulator(Config().simulator, args.seed).stream(args.impressions))
             produced_s = time.time() - started
-            expected_blocks = (len(producer.impressions) - 50 * int(WINDOW_S + LAG_S)) // args.train_every
+            expected_blocks = args.blocks or (
+                (len(producer.impressions) - 50 * int(WINDOW_S + LAG_S)) // args.train_every
+            )
             from trainers.registry import MlflowModelStore
 
             cfg = Config()

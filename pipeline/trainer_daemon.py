@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kafka.errors import KafkaError
+from mlflow.exceptions import MlflowException
 
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
@@ -45,6 +46,9 @@ __all__ = ["IdempotentStore", "TrainerDaemon", "lineage_key"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# What an MLflow server that is away or failing looks like to its client: connection errors and
+# timeouts (requests' are OSErrors) and error answers (MlflowException, RestException included).
+REGISTRY_OUTAGES = (MlflowException, OSError)
 
 
 def lineage_key(lineage: Mapping[str, Any]) -> str:
@@ -82,7 +86,7 @@ class IdempotentStore:
         while True:  # the MLflow server may be down: keep the pending block until it is back
             try:
                 return call()
-            except Exception:
+            except REGISTRY_OUTAGES:  # anything else is a bug: fail loudly, never retry it forever
                 if self.daemon.stopping:
                     raise
                 self.daemon.registry_failures[what] += 1

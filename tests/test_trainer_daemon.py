@@ -75,3 +75,18 @@ def test_registration_waits_for_the_registry_to_come_back(monkeypatch: pytest.Mo
     assert store.publish(Model(), LINEAGE, {}) == "1"
     assert slept == [1.0, 2.0] and inner.versions() == ["1"]
     assert store.daemon.registry_failures == {"registration": 2}  # type: ignore[attr-defined]  # a metric
+
+
+def test_a_bug_is_raised_at_once_not_retried_as_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    inner = InMemoryModelStore()
+
+    def broken(model: Any, lineage: Any, metrics: Any) -> str:
+        raise TypeError("a programming error, not an MLflow outage")
+
+    monkeypatch.setattr(inner, "publish", broken)
+    slept: list[float] = []
+    monkeypatch.setattr("pipeline.trainer_daemon.time.sleep", slept.append)
+    store = IdempotentStore(inner, FakeDaemon(inner))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="programming error"):
+        store.publish(Model(), LINEAGE, {})
+    assert slept == [] and not store.daemon.registry_failures  # type: ignore[attr-defined]

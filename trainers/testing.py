@@ -116,6 +116,11 @@ class InMemoryModelStore:
     def lineage(self, version: str) -> dict[str, Any]:
         return dict(self.lineages[version])
 
+    def find_by_tag(self, key: str, value: str) -> str | None:
+        """The oldest version whose lineage ``key`` is ``value`` (as a tag: compared as strings)."""
+        hits = [v for v, lin in self.lineages.items() if key in lin and str(lin[key]) == value]
+        return min(hits, key=int, default=None)
+
 
 def small_trainer_config(**overrides: Any) -> TrainerConfig:
     """A logistic-regression trainer that closes a block every 2,000 examples in about a second on

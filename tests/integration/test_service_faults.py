@@ -167,7 +167,9 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
             )
 
     joiner = start("joiner", "joiner", "--exit-when-idle", "20")
-    trainer = start("trainer", "trainer", "--exit-when-idle", "45")
+    # idle longer than the joiner can take to come back from the broker outage: 20 s down, the
+    # broker's restart, then up to 30 s of the joiner's back-off (45 s once lost that race in CI)
+    trainer = start("trainer", "trainer", "--exit-when-idle", "120")
     replica = start("serve", "serve", "--port", str(port))
     client = Client(port)
     try:
