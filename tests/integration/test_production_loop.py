@@ -117,23 +117,32 @@ class Run:
         self.procs.append(proc)
         return proc
 
-    def examples(self, timeout_s: float = 20.0) -> tuple[dict[str, bytes], int]:
-        """Every example on the output topic by id (and how many messages repeated an id)."""
+    def examples(self, timeout_s: float = 300.0) -> tuple[dict[str, bytes], int]:
+        """Every example on the output topic by id (and how many messages repeated an id).
+
+        Reads up to the end offsets taken first, so a slow broker cannot cut the read short."""
+        from kafka import TopicPartition
+
         consumer = KafkaConsumer(
-            self.examples_topic,
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"],
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            consumer_timeout_ms=int(timeout_s * 1000),
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"], enable_auto_commit=False
         )
+        parts = consumer.partitions_for_topic(self.examples_topic) or set()
+        tps = [TopicPartition(self.examples_topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
         out: dict[str, bytes] = {}
         repeats = 0
-        for msg in consumer:
-            ex_id = json.loads(msg.value)["impression"]["impression_id"]
-            if ex_id in out:
-                repeats += 1
-                assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
-            out[ex_id] = msg.value
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"examples not read to {end} in {timeout_s:.0f} s"
+            for msgs in consumer.poll(timeout_ms=1_000).values():
+                for msg in msgs:
+                    ex_id = json.loads(msg.value)["impression"]["impression_id"]
+                    if ex_id in out:
+                        repeats += 1
+                        assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
+                    out[ex_id] = msg.value
         consumer.close()
         return out, repeats
 
@@ -201,6 +210,16 @@ def finish(proc: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
         log = Path(getattr(proc, "log_path", ""))
         tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
         raise AssertionError(f"{proc.args} exited with {proc.returncode}; its log ends:\n{tail}")
+
+
+def assert_same_examples(got: dict[str, bytes], want: dict[str, bytes]) -> None:
+    """``got == want``, failing with counts and examples (pytest's diff of 300k entries takes hours)."""
+    lost, invented = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    changed = sorted(k for k in want.keys() & got.keys() if want[k] != got[k])
+    assert not (lost or invented or changed), (
+        f"{len(lost)} lost (e.g. {lost[:3]}), {len(invented)} invented (e.g. {invented[:3]}), "
+        f"{len(changed)} changed (e.g. {[(want[k], got[k]) for k in changed[:1]]}) of {len(want)}"
+    )
 
 
 def labels(examples: dict[str, bytes]) -> dict[str, int]:
@@ -278,7 +297,7 @@ def test_kill_9_of_the_joiner_loses_and_duplicates_nothing(
         proc.wait()
     finish(run.start("joiner", "--exit-when-idle", "10"))
     examples, _ = run.examples()  # repeats are allowed only as byte-identical copies
-    assert examples == ref_examples
+    assert_same_examples(examples, ref_examples)
     users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
     items = [f"item-{i}@p{p}" for i in range(5) for p in range(PARTITIONS)]
     assert online_features(run, users, items) == online_features(ref_run, users, items)
@@ -292,7 +311,7 @@ def test_two_joiners_in_one_group_produce_what_one_produces(
     finish(first)
     finish(second)
     examples, _ = run.examples()
-    assert examples == reference[1]
+    assert_same_examples(examples, reference[1])
 
 
 def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
@@ -449,7 +468,7 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
         f"{client.answered} answered, {client.failed_over} by the other replica",
     )
     assert sum(kills.values()) == 12 and recovered == kills
-    assert examples == ref_examples  # no example lost, changed or invented
+    assert_same_examples(examples, ref_examples)  # no example lost, changed or invented
     users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
     items = [f"item-{i}@p{p}" for i in range(5) for p in range(PARTITIONS)]
     assert online_features(run, users, items) == online_features(ref_run, users, items)
