@@ -175,10 +175,9 @@ class IncrementalTrainer:
         self.static: TorchLearner | None = None
         self.blocks = 0
         self._buffer: list[LabelledExample] = []
-        # the buffer's first ``_encoded_rows`` examples, encoded as they arrived by ``_encoded_with``
+        # the buffer's first examples, encoded as they arrived by ``_encoded_with``
         # (the champion's encoder then): a closing block only encodes its last call's examples
         self._encoded: list[EncodedBatch] = []
-        self._encoded_rows = 0
         self._encoded_with: Encoder | None = None
         self._position: Any = None
         self._champion_auc: float | None = None  # the champion's held-out AUC when it was accepted
@@ -220,27 +219,31 @@ class IncrementalTrainer:
         return [self._run_block(*self._take(len(self._buffer)))]
 
     # -- the buffer ------------------------------------------------------------------------------
+    @property
+    def _encoded_rows(self) -> int:
+        """How many of the buffer's first examples are encoded already."""
+        return sum(len(part) for part in self._encoded)
+
     def _encode_ahead(self) -> None:
         """Encode the buffered examples not encoded yet, with the champion's encoder (none before block 1)."""
         if self.champion is None:
             return
         encoder = self.champion.encoder
         if self._encoded_with is not encoder:  # first block done, or an adopted champion's encoder
-            self._encoded, self._encoded_rows, self._encoded_with = [], 0, encoder
-        if self._encoded_rows < len(self._buffer):
-            self._encoded.append(encoder.encode(self._buffer[self._encoded_rows :]))
-            self._encoded_rows = len(self._buffer)
+            self._encoded, self._encoded_with = [], encoder
+        done = self._encoded_rows
+        if done < len(self._buffer):
+            self._encoded.append(encoder.encode(self._buffer[done:]))
 
     def _take(self, n: int) -> tuple[list[LabelledExample], EncodedBatch | None, Encoder | None]:
         """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
         block = self._buffer[:n]
         del self._buffer[:n]
         if self._encoded_rows < n:  # not encoded ahead (block 1)
-            self._encoded, self._encoded_rows = [], 0
+            self._encoded = []
             return block, None, None
         encoded = EncodedBatch.concat(self._encoded)
         self._encoded = [encoded[n:]] if len(encoded) > n else []
-        self._encoded_rows -= n
         return block, encoded[:n], self._encoded_with
 
     # -- one block -------------------------------------------------------------------------------
