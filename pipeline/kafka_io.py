@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self
 
-from kafka import KafkaConsumer, OffsetAndMetadata
+from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
@@ -109,9 +109,8 @@ class _GroupSource:
             # clicks of one user (same key, same partition count) reach the same joiner.
             partition_assignment_strategy=(RangePartitionAssignor,),
         )
-        self._consumer.subscribe(
-            topics=sorted(set(topics)), listener=RebalanceListener(self._consumer, self._book)
-        )
+        self._topics = sorted(set(topics))
+        self._consumer.subscribe(topics=self._topics, listener=RebalanceListener(self._consumer, self._book))
 
     def _polls(self) -> Iterator[list[ConsumerRecord]]:
         """Records of each poll until ``stop()``; an empty list when a poll found nothing."""
@@ -203,6 +202,31 @@ class _GroupSource:
                 out[snapshot_key(tp)] = max(0, ends[tp] - pos)
         return out
 
+    def group_lag(self) -> dict[str, int]:
+        """Per partition of every subscribed topic, what the *group* has not read: this member's own
+        partitions by its position (as :meth:`lag`), every other one by the group's last commit (its
+        first offset where nothing was committed). A round trip per partition: for exit decisions,
+        not for every batch. Raises ``KafkaError`` when the broker does not answer."""
+        c, timeout = self._consumer, self.cfg.request_timeout_ms
+        mine = self.lag()
+        out: dict[str, int] = {}
+        others: list[TopicPartition] = []
+        for topic in self._topics:
+            parts = c.partitions_for_topic(topic)
+            if not parts:  # no metadata yet: nothing is known to be read
+                out[f"{topic}:?"] = 1
+            for tp in (TopicPartition(topic, p) for p in sorted(parts or ())):
+                if tp in self._book.owned:
+                    out[snapshot_key(tp)] = mine.get(snapshot_key(tp), 1)  # no position yet: unread
+                else:
+                    others.append(tp)
+        if others:
+            ends, firsts = c.end_offsets(others, timeout), c.beginning_offsets(others, timeout)
+            for tp in others:
+                at = c.committed(tp, timeout_ms=timeout)
+                out[snapshot_key(tp)] = max(0, ends[tp] - (firsts[tp] if at is None else at))
+        return out
+
     def close(self) -> None:
         """Leave the group (its partitions move at once); nothing is committed."""
         self._stop.set()
@@ -216,10 +240,14 @@ class _GroupSource:
 
 
 def caught_up(source: _GroupSource) -> bool:
-    """This member owns partitions and has read each to its end (a rebalance still pending, or a
-    backlog, is not idleness: a daemon told to exit when idle must not stop then)."""
+    """The group has read every partition of the source's topics to its end: this member its own,
+    the other members theirs, as far as their commits say (:meth:`_GroupSource.group_lag`).
+
+    A backlog, a rebalance still pending, or a partition held by a member that was killed (the broker
+    expires it only after ``session.timeout.ms``, 45 s) is not idleness: a daemon told to exit when
+    idle (tests, backfills) must not stop then and leave that partition unread."""
     try:
-        lag = source.lag()
+        lag = source.group_lag()
     except Exception:  # the broker did not answer: not known to be caught up
         return False
     return bool(lag) and all(v == 0 for v in lag.values())

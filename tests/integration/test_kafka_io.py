@@ -34,6 +34,7 @@ from pipeline.kafka_io import (
     KafkaSink,
     KafkaSinkError,
     KafkaUnavailableError,
+    caught_up,
     ensure_topics,
     publish_stream,
     replay_file_to_kafka,
@@ -219,6 +220,57 @@ def test_rebalance_over_uncommitted_records_rewinds_and_tells_the_daemon(
     assert a.revocations == 1 and b.revocations == 0
     coords = [coord(e) for e in state + b_got]
     assert len(coords) == len(set(coords)) == 6_000
+
+
+def test_a_member_is_not_caught_up_while_another_members_partitions_are_unread(
+    kafka_cfg: KafkaConfig, kafka_group: str
+) -> None:
+    """The exit-when-idle test: ``caught_up`` is about the group, not about this member alone.
+
+    Member b owns partitions and never commits (as a member killed by SIGKILL does, until the broker
+    expires it): a, all read on its own partitions, must not count as caught up. Once b leaves, a is
+    given b's partitions, reads them, and only then is caught up, having seen every event."""
+    events = stream(6_000)
+    publish_stream(kafka_cfg, events)
+    b_got: list[RawEvent] = []
+    stop_b, stop_a = threading.Event(), threading.Event()
+    b = source(kafka_cfg, kafka_group)
+    tb = threading.Thread(target=_run, args=(b, b_got, stop_b, lambda: False))  # reads, never commits
+    tb.start()
+    _wait(lambda: len(b.assignment()) == 6, "b owning every partition")
+    a = source(kafka_cfg, kafka_group)
+    a_got: list[RawEvent] = []
+    verdicts: list[tuple[int, bool, bool]] = []  # (partitions a owns, a's own read to the end, caught_up)
+
+    def run_a() -> None:  # caught_up runs in a's thread, as in a daemon's loop
+        for batch in a.batches():
+            a_got.extend(batch)
+            if batch:
+                with contextlib.suppress(CommitFailedError, RebalanceInProgressError):
+                    a.commit(a.snapshot())
+            lag = a.lag()
+            verdicts.append((len(lag), bool(lag) and not any(lag.values()), caught_up(a)))
+            if stop_a.is_set():
+                return
+
+    ta = threading.Thread(target=run_a)
+    try:
+        ta.start()
+        _wait(lambda: any(0 < n < 6 and read for n, read, _ in verdicts), "a split, a's share read")
+        split = [v for v in verdicts if 0 < v[0] < 6 and v[1]]
+        assert not any(up for _, _, up in split), "caught up while b's partitions were unread"
+        stop_b.set()
+        tb.join(10)
+        b.close()  # b leaves without committing: its partitions move to a, from their beginning
+        _wait(lambda: bool(verdicts) and verdicts[-1] == (6, True, True), "a owning and reading everything")
+    finally:
+        stop_a.set()
+        stop_b.set()
+        ta.join(10)
+        tb.join(10)
+        a.close()
+        b.close()
+    assert len({coord(e) for e in a_got}) == 6_000  # b's partitions too, read again by a
 
 
 def test_sink_flush_acknowledges_or_raises(kafka_cfg: KafkaConfig, kafka_topic: Callable[..., str]) -> None:
