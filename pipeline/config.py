@@ -202,6 +202,10 @@ class KafkaConfig:
     poll_timeout_ms: int = 500  # longest one poll waits: the idle-batch period and stop() latency
     max_poll_records: int = 5_000  # most records in one consumed batch
     max_poll_interval_ms: int = 600_000  # a consumer that does not poll for this long leaves its group
+    # Static group membership (KIP-345): a daemon restarted with the same id gets its partitions back
+    # at once, where a new member waits until the broker expires the dead one (45 s). Unique per
+    # daemon process within its group (the systemd units use the host name); empty = dynamic member.
+    group_instance_id: str = ""
     check_crcs: bool = True  # verify record CRCs when consuming (pure Python, slow, without crc32c)
 
 

@@ -161,7 +161,8 @@ class JoinerDaemon:
                     break
         finally:
             try:
-                self.checkpoint()  # a clean stop leaves nothing to replay
+                if not self.source.fenced:  # a fenced joiner's partitions are another process's now
+                    self.checkpoint()  # a clean stop leaves nothing to replay
             except OUTAGES as exc:
                 log.warning(
                     "joiner: the last checkpoint failed (%s); a restart replays from the one before", exc

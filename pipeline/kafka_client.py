@@ -27,6 +27,7 @@ from pipeline.config import KafkaConfig
 from pipeline.events import DeadLetter
 
 __all__ = [
+    "FencedMemberError",
     "KafkaSink",
     "KafkaSinkError",
     "KafkaUnavailableError",
@@ -44,6 +45,11 @@ log = logging.getLogger(__name__)
 
 class KafkaUnavailableError(ConnectionError):
     """No broker answered at the configured bootstrap address within ``connect_timeout_ms``."""
+
+
+class FencedMemberError(RuntimeError):
+    """Another process joined the consumer group with this daemon's ``group_instance_id``: this one
+    must stop (it no longer owns its partitions, whatever the client believes)."""
 
 
 class KafkaSinkError(RuntimeError):

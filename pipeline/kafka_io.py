@@ -40,11 +40,12 @@ from typing import Self
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaError
+from kafka.errors import FencedInstanceIdError, KafkaError
 
 from pipeline.config import KafkaConfig
 from pipeline.events import DeadLetter, LabelledExample
 from pipeline.kafka_client import (
+    FencedMemberError,
     KafkaSink,
     KafkaSinkError,
     KafkaUnavailableError,
@@ -58,6 +59,7 @@ from pipeline.types import Clock, EventKind, RawEvent, WallClock
 
 __all__ = [
     "ExampleBatch",
+    "FencedMemberError",
     "KafkaEventSource",
     "KafkaExampleSource",
     "KafkaSink",
@@ -93,6 +95,7 @@ class _GroupSource:
         self.batch_size = batch_size or cfg.max_poll_records
         self.revocations = 0  # rebalances that rewound this source (see the module docstring)
         self.poll_failures = 0  # polls that raised (broker away); retried every second
+        self.fenced = False  # another process took our group_instance_id (see FencedMemberError)
         self._book = OffsetBook()
         self._stop = threading.Event()
         self._consumer = connect(
@@ -104,6 +107,7 @@ class _GroupSource:
             auto_offset_reset="earliest",
             max_poll_records=self.batch_size,
             max_poll_interval_ms=cfg.max_poll_interval_ms,
+            group_instance_id=cfg.group_instance_id or None,
             check_crcs=cfg.check_crcs,
             # Range gives one member the same partition number of every topic: impressions and
             # clicks of one user (same key, same partition count) reach the same joiner.
@@ -118,6 +122,8 @@ class _GroupSource:
         while not self._stop.is_set():
             try:
                 polled = self._consumer.poll(timeout_ms=self.cfg.poll_timeout_ms, max_records=self.batch_size)
+            except FencedInstanceIdError as exc:
+                raise self._fenced(exc) from exc
             except KafkaError as exc:  # broker away (e.g. no coordinator): wait, and tell the caller
                 self.poll_failures += 1
                 if not failing:
@@ -153,15 +159,28 @@ class _GroupSource:
 
         Entries for partitions it does not own (any more) are skipped: committing them could move
         another member's position. Raises ``kafka.errors.CommitFailedError`` if the group is
-        rebalancing; the next batch then reports the rebalance (``on_revoke``).
+        rebalancing; the next batch then reports the rebalance (``on_revoke``), and
+        :class:`FencedMemberError` if another process took this member's ``group_instance_id``.
         """
         offsets = parse_snapshot(snapshot)
         mine = {tp: off for tp, off in offsets.items() if tp in self._book.owned}
         if mine:
             commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in mine.items()}
-            self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
+            try:
+                self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
+            except FencedInstanceIdError as exc:
+                raise self._fenced(exc) from exc
             self._book.committed(mine)
         return {snapshot_key(tp): off for tp, off in sorted(mine.items())}
+
+    def _fenced(self, exc: Exception) -> FencedMemberError:
+        """kafka-python only stops heartbeating when fenced and keeps fetching: the caller must stop."""
+        self.fenced = True
+        return FencedMemberError(
+            f"consumer group {self.group_id!r}: another process joined as instance "
+            f"{self.cfg.group_instance_id!r}, so this one no longer owns its partitions and stops ({exc!r}). "
+            "Give every daemon process its own kafka.group_instance_id (CTR_KAFKA_GROUP_INSTANCE_ID)."
+        )
 
     def seek(self, snapshot: Mapping[str, int]) -> None:
         """Resume at a checkpoint's offsets: now for owned partitions, else when they are assigned."""

@@ -15,6 +15,8 @@ import dataclasses
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -29,6 +31,7 @@ from kafka.errors import CommitFailedError, RebalanceInProgressError
 from pipeline.config import KafkaConfig, SimulatorConfig
 from pipeline.events import DeadLetter, Impression, LabelledExample
 from pipeline.kafka_io import (
+    FencedMemberError,
     KafkaEventSource,
     KafkaExampleSource,
     KafkaSink,
@@ -271,6 +274,71 @@ def test_a_member_is_not_caught_up_while_another_members_partitions_are_unread(
         a.close()
         b.close()
     assert len({coord(e) for e in a_got}) == 6_000  # b's partitions too, read again by a
+
+
+_MEMBER = """
+import json, sys, time
+from pipeline.config import KafkaConfig
+from pipeline.kafka_io import KafkaEventSource
+cfg = KafkaConfig(**json.loads(sys.argv[1]))
+topics = {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"}
+src = KafkaEventSource(cfg, topics, sys.argv[2], batch_size=500)
+got = 0
+for batch in src.batches():
+    got += len(batch)
+    if got >= 2_000:
+        break
+print(json.dumps(src.commit(src.snapshot())), flush=True)
+time.sleep(600)  # SIGKILLed here, without leaving the group
+"""
+
+
+def test_a_static_member_killed_and_restarted_gets_its_partitions_back_at_once(
+    kafka_cfg: KafkaConfig, kafka_group: str
+) -> None:
+    """With ``group_instance_id`` the restarted process takes the dead one's place in the group; a
+    dynamic member would own nothing until the broker expired the dead one (session timeout, 45 s)."""
+    static = dataclasses.replace(kafka_cfg, group_instance_id="joiner@host-a")
+    publish_stream(static, stream(6_000))
+    argv = [sys.executable, "-c", _MEMBER, json.dumps(dataclasses.asdict(static)), kafka_group]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        committed = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert committed and sum(committed.values()) >= 2_000
+    with source(static, kafka_group) as again:
+        rest = drain(again, 6_000 - sum(committed.values()), timeout_s=30)  # well inside the 45 s
+        owned = again.assignment()
+    assert len(owned) == 6 and len(rest) == 6_000 - sum(committed.values())
+    starts: dict[str, int] = {}
+    for e in rest:
+        starts.setdefault(f"{e.source}:{e.partition}", e.offset)
+    assert all(starts[k] == off for k, off in committed.items() if k in starts)  # resumed at the commit
+
+
+def test_a_member_whose_instance_id_another_process_took_stops_with_a_clear_error(
+    kafka_cfg: KafkaConfig, kafka_group: str
+) -> None:
+    """kafka-python keeps fetching when fenced; the source turns the broker's refusal into an error
+    that stops the daemon, so two processes never work on the same partitions."""
+    static = dataclasses.replace(kafka_cfg, group_instance_id="joiner@host-a")
+    publish_stream(static, stream(2_000))
+    a = source(static, kafka_group)
+    b: KafkaEventSource | None = None
+    try:
+        assert drain(a, 1)
+        b = source(static, kafka_group)  # another process joins as the same instance: a is fenced
+        assert drain(b, 1)
+        with pytest.raises(FencedMemberError, match=r"its own kafka\.group_instance_id"):
+            a.commit(a.snapshot())
+        assert a.fenced and not b.fenced
+        assert b.commit(b.snapshot())  # the newcomer owns the partitions
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
 
 
 def test_sink_flush_acknowledges_or_raises(kafka_cfg: KafkaConfig, kafka_topic: Callable[..., str]) -> None:

@@ -27,6 +27,7 @@ from kafka import KafkaConsumer
 from pipeline.config import Config, KafkaConfig
 from pipeline.kafka_io import ensure_topics, publish_stream
 from pipeline.simulator import Simulator
+from serving_bridge.replica_processes import served_version
 from tests.integration.stream_truth import expected_labels
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1_500)]
@@ -141,6 +142,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
     ensure_topics(k, [k.impressions_topic, k.clicks_topic], PARTITIONS)
     publish_stream(k, Simulator(Config().simulator, SEED).stream(IMPRESSIONS))
     port = free_ports(1)[0]
+    replica_url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         "CTR_KAFKA_BOOTSTRAP_SERVERS": stack.kafka,
@@ -187,7 +189,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         stack.services("stop", "mlflow")  # the registry is down for 30 s while the next blocks close
         time.sleep(30)
         stack.services("up")
-        wait_until(lambda: _served(port) is not None, "the replica's first model", 120)
+        wait_until(lambda: served_version(replica_url) is not None, "the replica's first model", 120)
         client.start()
         time.sleep(2)
         stack.services("stop", "redis")  # the online store restarts under scoring traffic
@@ -197,7 +199,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         assert joiner.wait(timeout=900) == 0, logs["joiner"].read_text()[-3000:]
         assert trainer.wait(timeout=900) == 0, logs["trainer"].read_text()[-3000:]
         champion = store.resolve("champion")
-        wait_until(lambda: _served(port) == champion, "the replica on the champion", 120)
+        wait_until(lambda: served_version(replica_url) == champion, "the replica on the champion", 120)
     finally:
         client.stop.set()
         for proc in (joiner, trainer, replica):
@@ -229,11 +231,3 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         parent, previous_block = v, int(lineage["block"])
     assert previous_block == len(examples) // BLOCK  # every full block trained once
     assert client.failed == 0 and client.ok > 0, client.errors[:10]  # answered throughout (default features)
-
-
-def _served(port: int) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
-            return json.loads(resp.read())["version"]  # type: ignore[no-any-return]
-    except OSError:
-        return None

@@ -101,7 +101,8 @@ class Unit:
         """Environment= assignments, then the EnvironmentFile= (which overrides them)."""
         env: dict[str, str] = {}
         for line in re.findall(r"^Environment=(.*)$", self.text, flags=re.M):
-            env.update(a.split("=", 1) for a in shlex.split(line.replace("%C", "/var/cache")))
+            line = line.replace("%C", "/var/cache").replace("%H", socket.gethostname())
+            env.update(a.split("=", 1) for a in shlex.split(line))
         env.update(parse_env_file(Path(self.setting("EnvironmentFile")).read_text()))
         return env
 
