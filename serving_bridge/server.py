@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import select
 import signal
 import threading
 import time
@@ -138,7 +139,17 @@ class ReplicaServer(ThreadingHTTPServer):
         systemd.ready(f"serve: listening on {host!s}:{port}; version {self.replica.version}")
         self._status_version = self.replica.version
         self.serve_forever(poll_interval=0.2)
+        self.answer_backlog()
         self.server_close()
+
+    def answer_backlog(self, max_s: float = 1.0) -> int:
+        """Answer the connections the kernel completed before the stop (closing the listener would
+        reset them, mid-request for their clients), for at most ``max_s``; returns how many."""
+        answered, deadline = 0, time.monotonic() + max_s
+        while time.monotonic() < deadline and select.select([self], [], [], 0)[0]:
+            self._handle_request_noblock()
+            answered += 1
+        return answered
 
     def service_actions(self) -> None:
         """Called by ``serve_forever`` on every poll: feed the watchdog, report a swap."""

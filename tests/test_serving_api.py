@@ -314,3 +314,17 @@ def test_a_replica_started_before_the_joiner_connects_to_the_store_once_it_exist
     assert features.get("u", ["a", "b"]) == [{"user_ctr_1h": 0.5}] * 2
     features.get("u", ["a"])
     assert connects == [1]  # connected once, then reused
+
+
+def test_a_request_queued_when_the_replica_stops_is_answered_not_reset(api) -> None:
+    """SIGTERM stops the accept loop; a connection the kernel already accepted (in the listen
+    backlog) is answered before the listener closes, instead of being reset mid-request."""
+    client, server = api
+    server.shutdown()  # what SIGTERM does first: no more accept() ...
+    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=10)
+    conn.request("POST", "/score", body=json.dumps(GOOD).encode())  # ... but the kernel takes this
+    assert server.answer_backlog() == 1
+    server.server_close()
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["probabilities"] == [0.25] * 3
+    conn.close()

@@ -202,6 +202,8 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         wait_until(lambda: served_version(replica_url) == champion, "the replica on the champion", 120)
     finally:
         client.stop.set()
+        if client.is_alive():  # its last request done before the replica stops: no race with SIGTERM
+            client.join(timeout=30)
         for proc in (joiner, trainer, replica):
             if proc.poll() is None:
                 proc.terminate()
