@@ -147,7 +147,11 @@ class ReplicaServer(ThreadingHTTPServer):
         reset them, mid-request for their clients), for at most ``max_s``; returns how many."""
         answered, deadline = 0, time.monotonic() + max_s
         while time.monotonic() < deadline and select.select([self], [], [], 0)[0]:
-            self._handle_request_noblock()
+            try:
+                request, address = self.get_request()
+            except OSError:  # the client gave up meanwhile
+                break
+            self.process_request(request, address)  # a thread, as serve_forever does
             answered += 1
         return answered
 

@@ -57,3 +57,12 @@ def test_freshness_benchmark_measures_every_block(services, tmp_path, monkeypatc
         assert b["emit_s"] >= 0, f"an example on Kafka before the event that closed its window: {b}"
         assert b["register_s"] >= 0 and b["swap_s"] >= 0, f"served before registered: {b}"
         assert b["from_last_impression_s"] > b["freshness_s"] > 0, b
+
+
+def test_restart_benchmark_times_every_kill(services, tmp_path):
+    out = tmp_path / "restart.json"
+    sizes = ["--modes", "static", "--trials", "2", "--work-s", "3", "--rate", "4000"]
+    run_benchmark("restart.py", *sizes, "--out", str(out), timeout=600)
+    r = json.loads(out.read_text())["modes"]["static"]
+    assert len(r["resume_s"]) == 2 and None not in r["resume_s"]  # the script fails otherwise
+    assert r["resume_max_s"] == max(r["resume_s"]) and r["resume_p50_s"] == statistics.median(r["resume_s"])
