@@ -247,7 +247,8 @@ class _GroupSource:
         return out
 
     def close(self) -> None:
-        """Leave the group (its partitions move at once); nothing is committed."""
+        """Leave the group; nothing is committed. A dynamic member's partitions move at once; a static
+        one (``group_instance_id``) keeps them until it rejoins or the broker expires it."""
         self._stop.set()
         self._consumer.close(autocommit=False)
 
