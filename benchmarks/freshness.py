@@ -132,6 +132,28 @@ class Producer:
         return self.sent[partition][i] if i < len(running_max) else None
 
 
+def service_urls() -> dict[str, str]:
+    """Kafka, Redis and MLflow as ``deploy/services.sh env`` exports them (its defaults otherwise)."""
+    return {
+        "kafka": os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+        "redis": os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"),
+        "mlflow": os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"),
+    }
+
+
+def fresh_topics(bootstrap: str, tag: str) -> KafkaConfig:
+    """A KafkaConfig on ``tag``'s own topics, the input and examples topics created."""
+    k = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        impressions_topic=f"fresh-imps-{tag}",
+        clicks_topic=f"fresh-clicks-{tag}",
+        examples_topic=f"fresh-examples-{tag}",
+        dead_letter_topic=f"fresh-dead-{tag}",
+    )
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+    return k
+
+
 def env_for(
     tag: str, tmp: Path, kafka: KafkaConfig, urls: dict[str, str], train_every: int
 ) -> dict[str, str]:
@@ -195,20 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "freshness.json")
     ap.add_argument("--logs", type=Path, help="keep the daemons' logs in this folder")
     args = ap.parse_args(argv)
-    urls = {
-        "kafka": os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
-        "redis": os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"),
-        "mlflow": os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"),
-    }
+    urls = service_urls()
     tag = uuid.uuid4().hex[:10]
-    k = KafkaConfig(
-        bootstrap_servers=urls["kafka"],
-        impressions_topic=f"fresh-imps-{tag}",
-        clicks_topic=f"fresh-clicks-{tag}",
-        examples_topic=f"fresh-examples-{tag}",
-        dead_letter_topic=f"fresh-dead-{tag}",
-    )
-    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+    k = fresh_topics(urls["kafka"], tag)
     ports = [21_000 + (os.getpid() * 7 + i) % 4_000 for i in range(args.replicas)]
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp_s:

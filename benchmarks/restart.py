@@ -33,11 +33,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from freshness import PARTITIONS, RESULTS, Producer, env_for
+from freshness import PARTITIONS, RESULTS, Producer, env_for, fresh_topics, service_urls
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.kafka_io import ensure_topics
+from pipeline.config import Config
 from pipeline.simulator import Simulator
 
 
@@ -63,14 +62,7 @@ class ExampleCount:
 
 def run_mode(mode: str, args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:10]
-    k = KafkaConfig(
-        bootstrap_servers=urls["kafka"],
-        impressions_topic=f"fresh-imps-{tag}",
-        clicks_topic=f"fresh-clicks-{tag}",
-        examples_topic=f"fresh-examples-{tag}",
-        dead_letter_topic=f"fresh-dead-{tag}",
-    )
-    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+    k = fresh_topics(urls["kafka"], tag)
     count = ExampleCount(urls["kafka"], k.examples_topic)
     stop = threading.Event()
 
@@ -141,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--out", type=Path, default=RESULTS / "restart.json")
     args = ap.parse_args(argv)
-    urls = {
-        "kafka": os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
-        "redis": os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"),
-        "mlflow": os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"),
-    }
+    urls = service_urls()
     modes = {m: run_mode(m, args, urls) for m in args.modes.split(",")}
     result = {
         "modes": modes,
