@@ -29,6 +29,8 @@ from typing import Any
 import mmh3
 import redis
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from features.aggregations import StreamingFeatures
 from features.repo.definitions import JOIN_KEYS
@@ -116,11 +118,18 @@ class RedisFeatureReader:
         cls, store: Any, cfg: FeatureConfig | None = None, **redis_kwargs: Any
     ) -> RedisFeatureReader:
         """The reader of a Feast store whose online store is Redis (its project and connection);
-        ``redis_kwargs`` go to ``redis.Redis`` (e.g. ``socket_timeout``)."""
+        ``redis_kwargs`` go to ``redis.Redis`` (e.g. ``socket_timeout``).
+
+        No retries unless ``redis_kwargs`` asks for them: redis-py 7's default (3 retries with
+        jittered exponential back-off, up to 2 + 4 + 8 s) made one read of a stopped Redis take
+        3.6-9.5 s here whatever the socket timeouts, and a serving read that fails should fail at
+        once (the caller scores with default features and retries later).
+        """
         online = store.config.online_store
         if getattr(online, "type", "") != "redis" or getattr(online, "redis_type", "redis") != "redis":
             raise ValueError(f"features: the direct reader needs a single Redis online store, not {online!r}")
-        kwargs = parse_feast_connection_string(online.connection_string) | redis_kwargs
+        kwargs: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
+        kwargs |= parse_feast_connection_string(online.connection_string) | redis_kwargs
         return cls(redis.Redis(**kwargs), store.config.project, cfg)
 
     def read_raw(

@@ -1,10 +1,16 @@
 """Default features when the online store is away: a replica keeps scoring, never answers 5xx.
 
 :class:`FallbackFeatures` wraps a reader (the direct Redis reader or Feast's SDK). A read that
-fails (connection refused, timeout, anything the client raises) returns
+fails (connection refused, timeout, a store not opened yet, anything the client raises) returns
 :meth:`StreamingFeatures.defaults` for every candidate, counts the fallback and logs it (once per
 outage, not once per request). After a failure the store is not asked again for ``retry_s``: a
 store that hangs would otherwise add its timeout to every request.
+
+With ``timeout_s`` set (``serving.feature_timeout_s`` in ``ctr serve``) a read runs on a small
+worker pool and the request waits for it at most ``timeout_s``; a slower read counts as a failure
+and the request scores with defaults at once. Socket timeouts alone do not bound a read: a client
+may retry with back-off (redis-py 7 by default sleeps up to 2 + 4 + 8 s between its retries), and
+Feast's SDK builds its own Redis client, which we do not configure.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from features.aggregations import StreamingFeatures
@@ -30,16 +37,26 @@ class FallbackFeatures:
     """``get`` as the wrapped reader, or defaults (counted in :attr:`fallbacks`) while it fails."""
 
     def __init__(
-        self, reader: _Reader | None, cfg: FeatureConfig | None = None, retry_s: float = 1.0
+        self,
+        reader: _Reader | None,
+        cfg: FeatureConfig | None = None,
+        retry_s: float = 1.0,
+        *,
+        timeout_s: float | None = None,
+        workers: int = 32,
     ) -> None:
         self.reader = reader  # None: no store configured yet, defaults for every request
         self.retry_s = retry_s
+        self.timeout_s = timeout_s  # None: read in the caller's thread, no deadline (tests, tools)
         self._defaults = StreamingFeatures(cfg or FeatureConfig()).defaults()
         self.fallbacks = 0  # requests scored with default features because the store failed
-        self.failures = 0  # reads that raised
+        self.failures = 0  # reads that raised (or missed the deadline)
         self._down_until = 0.0
         self._lock = threading.Lock()
         self._outage = False  # logged once per outage
+        self._pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="feature-read") if timeout_s is not None else None
+        )
 
     @property
     def healthy(self) -> bool:
@@ -48,7 +65,7 @@ class FallbackFeatures:
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         if self.reader is not None and time.monotonic() >= self._down_until:
             try:
-                rows = self.reader.get(user_id, item_ids)
+                rows = self._read(self.reader, user_id, item_ids)
             except Exception as exc:
                 self._failed(exc)
             else:
@@ -59,6 +76,21 @@ class FallbackFeatures:
         with self._lock:
             self.fallbacks += 1
         return [dict(self._defaults) for _ in item_ids]
+
+    def _read(self, reader: _Reader, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        if self._pool is None:
+            return reader.get(user_id, item_ids)
+        future = self._pool.submit(reader.get, user_id, item_ids)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except TimeoutError:  # concurrent.futures.TimeoutError is the builtin one since 3.11
+            future.cancel()  # not started yet (all workers busy): never runs; else it ends on its own
+            raise TimeoutError(f"online store read took longer than {self.timeout_s} s") from None
+
+    def close(self) -> None:
+        """Stop the worker pool (a read still running finishes on its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:

@@ -17,14 +17,18 @@ from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer, kafka_partition, listen_for_swaps
 from trainers.registry import MlflowModelStore
 
-__all__ = ["feature_reader", "run_replica"]
+__all__ = ["BackgroundFeatureReader", "StoreNotOpen", "feature_reader", "run_replica"]
 
 log = logging.getLogger(__name__)
 FEATURE_PATHS = ("redis", "feast")
 
 
 def feature_reader(cfg: Config, feast_dir: Path) -> Any:
-    """The reader ``serving.feature_path`` names, over the Feast store in ``feast_dir``."""
+    """The reader ``serving.feature_path`` names, over the Feast store in ``feast_dir``.
+
+    Returns once the reader has read from the online store (an unknown entity), so the first
+    Redis connection is made here, by :class:`BackgroundFeatureReader`'s thread, not by a request.
+    """
     path = cfg.serving.feature_path
     if path not in FEATURE_PATHS:
         raise ValueError(f"serving.feature_path = {path!r} must be one of {FEATURE_PATHS}")
@@ -35,34 +39,76 @@ def feature_reader(cfg: Config, feast_dir: Path) -> Any:
         from features.redis_reader import RedisFeatureReader
 
         timeout = cfg.serving.feature_timeout_s
-        return RedisFeatureReader.for_store(
+        reader = RedisFeatureReader.for_store(
             store, cfg.features, socket_timeout=timeout, socket_connect_timeout=timeout
         )
-    return OnlineFeatureReader(store, cfg.features)
+        reader.get("", [""])  # connect now (raises while Redis is away: the opener retries)
+        return reader
+    return OnlineFeatureReader(store, cfg.features)  # its constructor reads once too
 
 
-class LazyFeatureReader:
-    """Connects to the joiner's Feast store at the first read, and again after a failed connect.
+class StoreNotOpen(RuntimeError):
+    """A read before the replica has opened the joiner's Feast store (defaults are served)."""
 
-    A replica may start before the joiner has set the store up (or while it is doing so): until
-    then each read raises, and :class:`FallbackFeatures` scores with default features and retries.
-    The connect waits for a set-up in progress (the joiner holds the folder's set-up lock).
+
+class BackgroundFeatureReader:
+    """Opens the joiner's Feast store on a background thread; reads fail fast until it is open.
+
+    A replica may start before the joiner has set the store up (or while it is doing so, holding
+    the folder's set-up lock), and Redis may be away when it does: opening the store and making
+    the first Redis connection can take seconds. None of that happens on a request: until the
+    store is open, :meth:`get` raises :class:`StoreNotOpen` at once and :class:`FallbackFeatures`
+    scores with default features. The thread retries every ``retry_s`` until it succeeds.
     """
 
-    def __init__(self, connect: Any, feast_dir: Path) -> None:
-        self._connect, self._dir, self._reader = connect, feast_dir, None
-        self._lock = threading.Lock()
+    def __init__(self, connect: Any, feast_dir: Path, retry_s: float = 1.0) -> None:
+        self._connect, self._dir, self.retry_s = connect, feast_dir, retry_s
+        self._reader: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._reader is not None
+
+    def open_once(self) -> bool:
+        """One attempt to open the store (blocking); True once it is open. Raises what it met."""
+        if self._reader is None:
+            if not (self._dir / "feature_store.yaml").is_file():
+                return False
+            with file_lock(self._dir / ".setup.lock"):  # waits for a set-up in progress
+                reader = self._connect()
+            self._reader = reader
+            log.info("serve: reading features from the store at %s", self._dir)
+        return True
+
+    def start(self) -> BackgroundFeatureReader:
+        self._thread = threading.Thread(target=self._run, name="feature-store-open", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        said: str | None = None  # the last reason logged: once per reason, not every retry
+        while not self._stop.is_set():
+            try:
+                if self.open_once():
+                    return
+                reason = f"no feature store at {self._dir} yet (start `ctr joiner`)"
+            except Exception as exc:  # Redis away, a half-written store: retry
+                reason = f"cannot open the feature store at {self._dir} yet: {exc!r}"
+            if reason != said:
+                log.warning("serve: %s; default features until then", reason)
+                said = reason
+            self._stop.wait(self.retry_s)
 
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        if self._reader is None:
-            with self._lock:
-                if self._reader is None:
-                    if not (self._dir / "feature_store.yaml").is_file():
-                        raise FileNotFoundError(f"no feature store at {self._dir} yet (start `ctr joiner`)")
-                    with file_lock(self._dir / ".setup.lock"):
-                        self._reader = self._connect()
-                    log.info("serve: reading features from the store at %s", self._dir)
-        return self._reader.get(user_id, item_ids)  # type: ignore[attr-defined]
+        reader = self._reader
+        if reader is None:
+            raise StoreNotOpen(f"the feature store at {self._dir} is not open yet")
+        return reader.get(user_id, item_ids)
 
 
 def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
@@ -78,8 +124,16 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
         torch.set_num_threads(cfg.serving.torch_threads)
     store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
     feast_dir = Path(cfg.daemon.state_dir).expanduser() / "joiner" / "feast"
-    reader = LazyFeatureReader(lambda: feature_reader(cfg, feast_dir), feast_dir)
-    features = FallbackFeatures(reader, cfg.features, retry_s=cfg.serving.feature_retry_s)
+    reader = BackgroundFeatureReader(
+        lambda: feature_reader(cfg, feast_dir), feast_dir, retry_s=cfg.serving.feature_retry_s
+    ).start()
+    features = FallbackFeatures(
+        reader,
+        cfg.features,
+        retry_s=cfg.serving.feature_retry_s,
+        timeout_s=cfg.serving.feature_timeout_s,
+        workers=cfg.serving.max_in_flight,
+    )
     partitions = cfg.kafka.partitions
     pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
 
@@ -104,11 +158,13 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
         name,
         host,
         port,
-        type(reader).__name__ if reader else "defaults",
+        cfg.serving.feature_path,
         router.challenger_share,
     )
     try:
         server.serve_until_signal()
     finally:
         stop.set()
+        reader.stop()
         router.stop()
+        features.close()

@@ -86,9 +86,15 @@ class Client:
 
 @contextmanager
 def serve(
-    store: DictStore, cfg: ServingConfig, reader: Any = None, challenger: bool = False
+    store: DictStore,
+    cfg: ServingConfig,
+    reader: Any = None,
+    challenger: bool = False,
+    *,
+    retry_s: float = 60.0,
+    timeout_s: float | None = None,
 ) -> Iterator[tuple[Client, ReplicaServer]]:
-    features = FallbackFeatures(reader, retry_s=60.0)
+    features = FallbackFeatures(reader, retry_s=retry_s, timeout_s=timeout_s)
     pseudo = Pseudonymizer("test-key")
 
     def replica(alias: str) -> Replica:
@@ -109,6 +115,7 @@ def serve(
         server.shutdown()
         server.server_close()
         router.stop()
+        features.close()
 
 
 @pytest.fixture
@@ -290,30 +297,129 @@ def test_a_failing_model_answers_500_and_the_server_stays_up() -> None:
         assert client.request("GET", "/healthz")[0] == 200
 
 
+class StoreReader:
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        return [{"user_ctr_1h": 0.5} for _ in item_ids]
+
+
+class HangingReader:
+    """An online store that accepts a read and never answers (until ``release`` is set)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        self.calls += 1
+        assert self.release.wait(60)
+        return [{"user_ctr_1h": 0.5} for _ in item_ids]
+
+
 def test_a_replica_started_before_the_joiner_connects_to_the_store_once_it_exists(tmp_path: Path) -> None:
     """Until the joiner has set up its Feast store every read fails (defaults are served); after, the
-    lazy reader connects and reads from it."""
-    from serving_bridge.process import LazyFeatureReader
+    reader opens it and reads from it."""
+    from serving_bridge.process import BackgroundFeatureReader
 
     feast_dir = tmp_path / "feast"
     connects: list[int] = []
 
-    class Store:
-        def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-            return [{"user_ctr_1h": 0.5} for _ in item_ids]
-
-    def connect() -> Store:
+    def connect() -> StoreReader:
         connects.append(1)
-        return Store()
+        return StoreReader()
 
-    lazy = LazyFeatureReader(connect, feast_dir)
-    features = FallbackFeatures(lazy, retry_s=0.0)
+    opener = BackgroundFeatureReader(connect, feast_dir)
+    features = FallbackFeatures(opener, retry_s=0.0)
     assert features.get("u", ["a"])[0]["user_ctr_1h"] != 0.5 and features.fallbacks == 1  # defaults
+    assert not opener.open_once()  # no store yet
     feast_dir.mkdir()
     (feast_dir / "feature_store.yaml").write_text("project: x\n")
+    assert opener.open_once() and opener.open_once()
     assert features.get("u", ["a", "b"]) == [{"user_ctr_1h": 0.5}] * 2
-    features.get("u", ["a"])
     assert connects == [1]  # connected once, then reused
+
+
+def test_a_hanging_online_store_read_scores_with_defaults_after_the_feature_timeout() -> None:
+    """A read that never returns (Redis blackholed, a client retrying with back-off) must not hold
+    the request: it is answered with default features, counted as a fallback."""
+    hanging, model = HangingReader(), ConstantModel(0.3)
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(), reader=hanging, timeout_s=0.05) as (client, server):
+        try:
+            status, _, body = client.score(GOOD)  # the reader holds for 60 s, the client waits 30
+            assert status == 200 and body["probabilities"] == [0.3] * 3
+            assert model.seen_features[0]["user_ctr_1h"] == pytest.approx(0.05)  # the default
+            assert server.features is not None
+            assert (server.features.fallbacks, server.features.failures) == (1, 1)
+            assert client.score(GOOD)[0] == 200 and hanging.calls == 1  # not asked again for retry_s
+            assert "ctr_serving_feature_store_up 0" in client.request("GET", "/metrics")[2]
+        finally:
+            hanging.release.set()
+
+
+def test_requests_score_with_defaults_while_the_store_is_being_opened(tmp_path: Path) -> None:
+    """Opening the store (the joiner's set-up lock, the first Redis connection) happens on the
+    opener's thread: a request meanwhile gets default features at once, then the store's."""
+    from serving_bridge.process import BackgroundFeatureReader
+
+    feast_dir = tmp_path / "feast"
+    feast_dir.mkdir()
+    (feast_dir / "feature_store.yaml").write_text("project: x\n")
+    entered, release = threading.Event(), threading.Event()
+
+    def connect() -> StoreReader:  # e.g. the first Redis connection while Redis is away
+        entered.set()
+        assert release.wait(60)
+        return StoreReader()
+
+    opener = BackgroundFeatureReader(connect, feast_dir, retry_s=0.01).start()
+    model = ConstantModel(0.3)
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(), reader=opener, retry_s=0.0, timeout_s=5.0) as (client, server):
+        try:
+            assert entered.wait(30)
+            assert client.score(GOOD)[0] == 200  # while connect() is blocked
+            assert model.seen_features[0]["user_ctr_1h"] == pytest.approx(0.05)
+            assert server.features is not None and server.features.fallbacks == 1
+        finally:
+            release.set()
+        for _ in range(3000):
+            if opener.is_open:
+                break
+            threading.Event().wait(0.01)
+        assert client.score(GOOD)[0] == 200 and model.seen_features[0]["user_ctr_1h"] == 0.5
+    opener.stop()
+
+
+def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
+    """redis-py retries a failed command 3 times with back-off (seconds) by default; a serving read
+    must fail at once. Against a Redis that accepts and never answers: one connection, not four."""
+    import socket
+    from types import SimpleNamespace
+
+    from features.redis_reader import RedisFeatureReader
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        host, port = listener.getsockname()
+        online = SimpleNamespace(type="redis", redis_type="redis", connection_string=f"{host}:{port}")
+        store = SimpleNamespace(config=SimpleNamespace(online_store=online, project="p"))
+        reader = RedisFeatureReader.for_store(store, socket_timeout=0.05, socket_connect_timeout=0.05)
+        with pytest.raises(Exception, match=r"[Tt]imeout"):
+            reader.get("u", ["a"])
+        listener.settimeout(0.2)
+        accepted = []
+        try:
+            while True:
+                accepted.append(listener.accept()[0])
+        except TimeoutError:
+            pass
+        assert len(accepted) == 1
+        for conn in accepted:
+            conn.close()
+    finally:
+        listener.close()
 
 
 def test_a_request_queued_when_the_replica_stops_is_answered_not_reset(api) -> None:
