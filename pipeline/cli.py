@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay" and args.to_kafka:
         from pipeline.kafka_io import replay_file_to_kafka
 
-        print(json.dumps(replay_file_to_kafka(cfg.kafka, args.source, rate=args.rate, progress=True)))
+        counts = replay_file_to_kafka(
+            cfg.kafka, args.source, rate=args.rate, progress=True, validation=cfg.validation
+        )
+        print(json.dumps(counts))
         return 0
     if args.command == "replay":
         from pipeline.runner import run_replay
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         k = cfg.kafka
         ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
         events = Simulator(cfg.simulator, args.seed).stream(args.impressions)
-        counts = publish_stream(k, events, args.rate, progress=True)
+        counts = publish_stream(k, events, args.rate, progress=True, validation=cfg.validation)
         print(json.dumps(counts))
         return 0
     if args.command == "joiner":

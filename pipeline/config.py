@@ -216,6 +216,7 @@ class DaemonConfig:
     # ... or less often when its state is big: checkpoints take at most this share of the joiner's time
     checkpoint_max_share: float = 0.2
     idle_merge_s: float = 2.0  # a partition's stream silent this long stops holding back the other
+    dead_letter_warn_share: float = 0.05  # the joiner warns when dead letters pass this share of a minute
     redis_url: str = "redis://127.0.0.1:16379/0"  # Feast online store and swap notifications
     metrics_host: str = "127.0.0.1"  # where the joiner's and the trainer's /metrics listen
     joiner_metrics_port: int = 0  # GET /metrics of `ctr joiner` (Prometheus text); 0 = off

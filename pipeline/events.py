@@ -9,7 +9,13 @@ Four records travel through the pipeline (../shared/DESIGN.md, "Events"):
   from and a reason. Validation never raises on bad input; it returns a dead letter.
 
 User ids and the configured device/IP feature values are replaced at ingest by a keyed BLAKE2b hash
-(a MAC: without the key the pseudonym cannot be recomputed from a guessed id).
+(a MAC: without the key the pseudonym cannot be recomputed from a guessed id). A dead letter keeps
+a prefix of what was refused with the same identifiers replaced by the same pseudonyms, whether the
+payload parsed or not, so the dead-letter topic holds no raw user id, device id or IP either.
+
+Clock skew and age are judged against the time each event entered the system
+(:attr:`RawEvent.entered_ms`: the Kafka record's timestamp in the daemons, the replay's reference
+time in replays), never against an unrelated wall clock; a gap in event time is no reason to reject.
 
 >>> v = Validator(ValidationConfig(), clock=ManualClock(1_767_225_600_000))
 >>> imp = v.impression({"impression_id": "i1", "ts": 1_767_225_599_000, "user_id": "alice", "item_id": "ad7",
@@ -26,7 +32,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +69,9 @@ REASONS = (
     "bad_value",  # feature key/value out of bounds, non-finite number
     "ts_too_old",
     "ts_in_future",
+    "wrong_partition",  # not on the partition its user id routes to: keyed by something else
     "user_mismatch",  # a click whose user differs from its impression's (joiner)
+    "orphan_click",  # a click whose impression never arrived on its partition within the hold (joiner)
 )
 
 
@@ -191,7 +199,9 @@ class Pseudonymizer:
     def __call__(self, ident: str) -> str:
         out = self._cache.get(ident)
         if out is None:
-            digest = hashlib.blake2b(ident.encode(), key=self._key, digest_size=10).hexdigest()
+            # surrogatepass: a lone surrogate (from JSON "\\ud800") still hashes, never raises
+            data = ident.encode("utf-8", "surrogatepass")
+            digest = hashlib.blake2b(data, key=self._key, digest_size=10).hexdigest()
             out = self._prefix + digest
             if len(self._cache) > 1_000_000:  # bound memory on high-cardinality streams
                 self._cache.clear()
@@ -213,16 +223,26 @@ _CLICK_FIELDS = {"click_id", "impression_id", "ts", "user_id"}
 class Validator:
     """Turns raw events into :class:`Impression`/:class:`Click`, or a :class:`DeadLetter` with a reason.
 
-    ``clock`` is the event-time clock that bounds timestamps (wall time in production, the replay
-    position in backtests).
+    Timestamps are judged against each event's :attr:`RawEvent.entered_ms`; ``clock`` is the
+    fallback for events that carry none (a record without a timestamp, a direct call).
+    ``partition_of``, when given, maps a raw user id to the partition its events must be on: an
+    event found elsewhere (keyed by something else) is a ``wrong_partition`` dead letter, since
+    the joiner of its partition would never see its impression or clicks.
     """
 
-    def __init__(self, cfg: ValidationConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ValidationConfig,
+        clock: Clock | None = None,
+        partition_of: Callable[[str], int] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.clock = clock or ManualClock(0)
+        self.partition_of = partition_of
         self.pseudonymize = Pseudonymizer(cfg.pseudonym_key, "u_")
         self.pseudonymize_device = Pseudonymizer(cfg.pseudonym_key, "d_")
         self._pii = frozenset(cfg.pii_feature_keys)
+        self._scrub_re = _identifier_pattern(self._pii)
         self.rejected: dict[str, int] = {}
 
     # -- public API ------------------------------------------------------------------------------
@@ -230,7 +250,10 @@ class Validator:
         """Decode and check one raw event; never raises on bad input."""
         try:
             obj = self._decode(raw.value)
-            return self._impression(obj) if raw.kind == "impression" else self._click(obj)
+            ref = raw.entered_ms if raw.entered_ms is not None else self.clock.now_ms()
+            if raw.kind == "impression":
+                return self._impression(obj, ref, raw.partition)
+            return self._click(obj, ref, raw.partition)
         except _Reject as rej:
             return self._dead(raw, rej.reason, rej.detail)
 
@@ -245,20 +268,46 @@ class Validator:
         return out
 
     def dead_letter(self, raw: RawEvent, reason: str, detail: str) -> DeadLetter:
-        """A dead letter decided outside validation (e.g. by the joiner), counted here too."""
-        return self._dead(raw, reason, detail)
+        """A dead letter decided outside validation (e.g. by the joiner), counted here too.
+
+        ``raw.value`` is then a validated event's dict: its identifiers are pseudonyms already.
+        """
+        return self._dead(raw, reason, detail, scrub=False)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every ``user_id`` and PII feature value replaced by its pseudonym.
+
+        Works on a prefix of anything JSON-like, parseable or not (a dead letter's raw bytes): a
+        value cut off by the prefix is replaced too.
+
+        >>> v = Validator(ValidationConfig())
+        >>> out = v.scrub('{"user_id":"alice","features":{"ip":"10.0.0.1"},"x":1')
+        >>> "alice" in out or "10.0.0.1" in out, out.count('"u_'), out.count('"d_')
+        (False, 1, 1)
+        """
+
+        def replace(m: re.Match[str]) -> str:
+            name, value = m.group(1), m.group(2)
+            value = value.strip('"') if value.startswith('"') else value
+            hashed = self.pseudonymize(value) if name == "user_id" else self.pseudonymize_device(value)
+            return f'"{name}":"{hashed}"'
+
+        return self._scrub_re.sub(replace, text)
 
     # -- internals -------------------------------------------------------------------------------
-    def _dead(self, raw: RawEvent, reason: str, detail: str) -> DeadLetter:
+    def _dead(self, raw: RawEvent, reason: str, detail: str, scrub: bool = True) -> DeadLetter:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         value = raw.value
         if isinstance(value, bytes | bytearray):
-            data = bytes(value[:_RAW_PREFIX])
+            text = bytes(value[:_RAW_PREFIX]).decode("utf-8", "backslashreplace")
         else:
             try:
-                data = json.dumps(value, default=repr)[:_RAW_PREFIX].encode()
+                text = json.dumps(value, default=repr)[:_RAW_PREFIX]
             except (TypeError, ValueError, RecursionError):
-                data = repr(value)[:_RAW_PREFIX].encode("utf-8", "backslashreplace")
+                text = repr(value)[:_RAW_PREFIX]
+        if scrub:
+            text = self.scrub(text)
+        data = text.encode("utf-8", "backslashreplace")[:_RAW_PREFIX]  # pseudonyms may be longer
         return DeadLetter(reason, detail[:300], raw.kind, data, raw.source, raw.partition, raw.offset)
 
     def _decode(self, value: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
@@ -298,11 +347,22 @@ class Validator:
             raise _Reject("bad_id", f"'{name}' must be 1-128 chars of [A-Za-z0-9_.:-]")
         return value
 
-    def _ts(self, obj: Mapping[str, Any]) -> int:
+    def _user(self, obj: Mapping[str, Any], partition: int) -> str:
+        user = self._id(obj, "user_id")
+        if self.partition_of is not None:
+            home = self.partition_of(user)
+            if home != partition:
+                raise _Reject(
+                    "wrong_partition",
+                    f"on partition {partition}, but its user_id routes to partition {home}: "
+                    "key impressions and clicks by user_id",
+                )
+        return self.pseudonymize(user)
+
+    def _ts(self, obj: Mapping[str, Any], now: int) -> int:
         ts = obj["ts"]
         if isinstance(ts, bool) or not isinstance(ts, int):
             raise _Reject("bad_type", f"'ts' is {type(ts).__name__}, expected integer epoch ms")
-        now = self.clock.now_ms()
         if ts < _MIN_TS or (now and ts < now - self.cfg.max_past_age_s * 1000):
             raise _Reject("ts_too_old", f"ts {ts} is older than {self.cfg.max_past_age_s:g}s before {now}")
         if now and ts > now + self.cfg.max_future_skew_s * 1000:
@@ -345,29 +405,35 @@ class Validator:
             out[k] = float(v)
         return out
 
-    def _impression(self, obj: Mapping[str, Any]) -> Impression:
+    def _impression(self, obj: Mapping[str, Any], now: int, partition: int) -> Impression:
         self._check_fields(obj, _IMPRESSION_FIELDS, ("impression_id", "ts", "user_id", "item_id"))
         version = obj.get("model_version")
         if version is not None and (not isinstance(version, str) or len(version) > 64):
             raise _Reject("bad_type", "'model_version' must be a string of at most 64 chars or null")
         return Impression(
             impression_id=self._id(obj, "impression_id"),
-            ts=self._ts(obj),
-            user_id=self.pseudonymize(self._id(obj, "user_id")),
+            ts=self._ts(obj, now),
+            user_id=self._user(obj, partition),
             item_id=self._id(obj, "item_id"),
             features=self._features(obj),
             dense=self._dense(obj),
             model_version=version,
         )
 
-    def _click(self, obj: Mapping[str, Any]) -> Click:
+    def _click(self, obj: Mapping[str, Any], now: int, partition: int) -> Click:
         self._check_fields(obj, _CLICK_FIELDS, ("click_id", "impression_id", "ts", "user_id"))
         return Click(
             click_id=self._id(obj, "click_id"),
             impression_id=self._id(obj, "impression_id"),
-            ts=self._ts(obj),
-            user_id=self.pseudonymize(self._id(obj, "user_id")),
+            ts=self._ts(obj, now),
+            user_id=self._user(obj, partition),
         )
+
+
+def _identifier_pattern(pii: frozenset[str]) -> re.Pattern[str]:
+    """``"name": value`` for user_id and the PII keys: a (possibly cut off) string, or a bare token."""
+    names = "|".join(re.escape(n) for n in sorted({"user_id", *pii}))
+    return re.compile(rf'"({names})"\s*:\s*("(?:[^"\\]|\\.)*(?:"|$)|[^,}}\s]+)')
 
 
 def kind_of(event: Impression | Click) -> EventKind:

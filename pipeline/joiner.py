@@ -11,7 +11,8 @@ Rules (../shared/DESIGN.md, "Attribution"):
   of every block would be mostly positives (their negatives not final yet): a biased training and
   gating sample. Emitting at window end keeps examples in impression-time order with final labels.
 - A click that arrives before its impression (partition skew) is held for ``early_click_hold_s``
-  of event time; if the impression never comes it is counted as an orphan.
+  of event time; if the impression never comes it is counted as an orphan and becomes an
+  ``orphan_click`` dead letter (:meth:`Joiner.drain_rejected`): nothing is dropped unexplained.
 - Duplicates (same impression id, or a second click for one impression) are dropped and counted;
   ids are remembered ``dedup_horizon_s`` past their window.
 - A click arriving after its impression was finalised as a negative is a late click (counted, not
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 from pipeline.config import JoinerConfig
 from pipeline.events import Click, Impression, LabelledExample
 
-__all__ = ["FeatureTracker", "JoinStats", "Joiner", "Rejection"]
+__all__ = ["FeatureTracker", "JoinStats", "Joiner", "Rejection", "click_outcomes"]
 
 
 class FeatureTracker(Protocol):
@@ -70,6 +71,22 @@ class JoinStats:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+
+def click_outcomes(stats: Iterable[JoinStats]) -> dict[str, int]:
+    """Clicks by what the join made of them, summed over partitions (``/metrics``, ``ctr status``).
+
+    ``early`` clicks waited for their impression (they end attributed, late or orphaned);
+    ``orphan`` ones became dead letters; ``attributed`` ones made a positive example.
+    """
+    out = dict.fromkeys(("attributed", "late", "early", "orphan", "duplicate"), 0)
+    for s in stats:
+        out["attributed"] += s.positives
+        out["late"] += s.late_clicks
+        out["early"] += s.early_clicks
+        out["orphan"] += s.orphan_clicks
+        out["duplicate"] += s.duplicate_clicks
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +220,17 @@ class Joiner:
         heap = self._early_heap
         while heap and heap[0][0] < wm:
             _, iid = heapq.heappop(heap)
-            if self._early.pop(iid, None) is not None:
+            click = self._early.pop(iid, None)
+            if click is not None:
                 self.stats.orphan_clicks += 1
+                self._rejected.append(
+                    Rejection(
+                        click,
+                        "orphan_click",
+                        f"click {click.click_id}: impression {iid} did not arrive on this partition "
+                        f"within early_click_hold_s ({self.cfg.early_click_hold_s:g} s of event time)",
+                    )
+                )
         heap = self._done_heap
         while heap and heap[0][0] < wm:
             _, iid = heapq.heappop(heap)

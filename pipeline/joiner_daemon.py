@@ -20,6 +20,7 @@ import logging
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,13 @@ from features.store import FeatureWriter, open_store
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
+from pipeline.dead_letter_alarm import DeadLetterAlarm
 from pipeline.events import DeadLetter, Validator
+from pipeline.joiner import click_outcomes
 from pipeline.kafka_io import KafkaEventSource, KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.partition_task import PartitionTask
+from pipeline.partitioning import partition_of
 from pipeline.types import RawEvent, WallClock
 
 __all__ = ["JoinerDaemon"]
@@ -61,7 +65,8 @@ class JoinerDaemon:
         )
         self.examples = KafkaSink(k, k.examples_topic)
         self.dead = KafkaSink(k, k.dead_letter_topic)
-        self.validator = Validator(cfg.validation, WallClock())
+        self.validator = Validator(cfg.validation, WallClock(), self._router())
+        self.alarm = DeadLetterAlarm(cfg.daemon.dead_letter_warn_share)
         store = open_store(
             feature_dir or self.state_dir / "feast",
             "production",
@@ -82,6 +87,18 @@ class JoinerDaemon:
         self._failures = 0  # in a row; sets the back-off
         self.metrics = Registry()
         self.metrics.on_scrape(self._collect_metrics)
+
+    def _router(self) -> Callable[[str], int]:
+        """A user id's partition among the input topics' (equal) partition counts, read from the broker."""
+        k = self.cfg.kafka
+        counts = {t: self.source.partition_count(t) for t in (k.impressions_topic, k.clicks_topic)}
+        if len(set(counts.values())) != 1:
+            raise ValueError(
+                f"joiner: the input topics have different partition counts {counts}; a user's impressions "
+                "and clicks must share a partition number: give both topics the same count"
+            )
+        n = next(iter(counts.values()))
+        return lambda user_id: partition_of(user_id, n)
 
     # -- tasks -----------------------------------------------------------------------------------
     def _task(self, partition: int) -> PartitionTask:
@@ -213,12 +230,17 @@ class JoinerDaemon:
             event = self.validator.validate(raw)
             task = self._task(raw.partition)
             if isinstance(event, DeadLetter):
-                self.dead.write(event)
-                self.counters["dead_letters"] += 1
-                self.dead_reasons[event.reason] += 1
+                self._dead_letter(event)
                 task.offer(raw.kind, raw.offset, None)
             else:
                 task.offer(raw.kind, raw.offset, event)
+        self.alarm.observe(len(batch))
+
+    def _dead_letter(self, letter: DeadLetter) -> None:
+        self.dead.write(letter)
+        self.counters["dead_letters"] += 1
+        self.dead_reasons[letter.reason] += 1
+        self.alarm.letter(letter)
 
     def _emit(self, task: PartitionTask) -> None:
         for ex in task.drain():
@@ -226,9 +248,7 @@ class JoinerDaemon:
             self.counters["examples"] += 1
         for rej in task.joiner.drain_rejected():
             raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
-            self.dead.write(self.validator.dead_letter(raw, rej.reason, rej.detail))
-            self.counters["dead_letters"] += 1
-            self.dead_reasons[rej.reason] += 1
+            self._dead_letter(self.validator.dead_letter(raw, rej.reason, rej.detail))
 
     def checkpoint(self) -> None:
         """Make everything durable, in the order that makes a crash at any point harmless."""
@@ -302,4 +322,8 @@ class JoinerDaemon:
         for what, n in list(self.outages.items()):
             m.counter("ctr_joiner_outages_total", "writes that failed and forced a replay", error=what).set(n)
         export_consumer_state(m, "joiner", self._metric_lag, self.dead_reasons)
+        for outcome, n in click_outcomes([t.joiner.stats for t in list(self.tasks.values())]).items():
+            m.counter(
+                "ctr_joiner_clicks_total", "clicks read, by what the join made of them", outcome=outcome
+            ).set(n)
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.partitioner import DefaultPartitioner
-from kafka.partitioner.default import murmur2
 
 from pipeline.config import KafkaConfig
 from pipeline.events import DeadLetter
+from pipeline.partitioning import KeyHashes
 
 __all__ = [
     "FencedMemberError",
@@ -153,16 +153,13 @@ def ensure_topics(cfg: KafkaConfig, names: Iterable[str], partitions: int | None
 
 
 class KeyHashPartitioner(DefaultPartitioner):
-    """kafka-python's default partitioner (murmur2 of the key, as the Java client) with the hashes cached.
+    """kafka-python's default partitioner, the key hashes cached (:class:`pipeline.partitioning.KeyHashes`).
 
-    kafka-python computes murmur2 in pure Python, ~8 µs per record: the largest single cost of
-    sending an example. Keys are user ids, which repeat, so each is hashed once. The partition is
-    exactly the default one (``serving_bridge`` finds a user's shard with the same formula).
+    The partition is exactly the default one, :func:`pipeline.partitioning.partition_of`.
     """
 
     def __init__(self, max_keys: int = 1_000_000) -> None:
-        self.max_keys = max_keys
-        self._hashes: dict[bytes, int] = {}
+        self._hash = KeyHashes(max_keys)
 
     def partition(self, topic, key, serialized_key, value, serialized_value, cluster):
         if serialized_key is None:  # no key: the default's random choice
@@ -170,12 +167,7 @@ class KeyHashPartitioner(DefaultPartitioner):
         partitions = cluster.partitions_for_topic(topic)
         if partitions is None:
             raise ValueError(f"Topic {topic} not found in ClusterMetadata")
-        h = self._hashes.get(serialized_key)
-        if h is None:
-            if len(self._hashes) >= self.max_keys:  # bound memory on high-cardinality keys
-                self._hashes.clear()
-            h = self._hashes[bytes(serialized_key)] = murmur2(serialized_key) & 0x7FFFFFFF
-        return sorted(partitions)[h % len(partitions)]
+        return sorted(partitions)[self._hash(serialized_key) % len(partitions)]
 
 
 class KafkaSink:
@@ -214,12 +206,18 @@ class KafkaSink:
             partitioner=KeyHashPartitioner(),
         )
 
-    def send(self, key: bytes | None, value: bytes, topic: str | None = None) -> None:
-        """Enqueue one record (to ``topic`` if given, else the sink's topic)."""
+    def send(
+        self, key: bytes | None, value: bytes, topic: str | None = None, timestamp_ms: int | None = None
+    ) -> None:
+        """Enqueue one record (to ``topic`` if given, else the sink's topic).
+
+        ``timestamp_ms``: the record's CreateTime (default: now), e.g. a replayed event's entry time.
+        """
         if self._producer is None:  # the last one failed (broker away): connect again now
             self._producer = self._new_producer()
         try:
-            self._window.append(self._producer.send(topic or self.topic, key=key, value=value))
+            future = self._producer.send(topic or self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
+            self._window.append(future)
         except KafkaTimeoutError as exc:
             raise KafkaSinkError(
                 f"KafkaSink: no metadata for topic {topic or self.topic!r}; does it exist?"

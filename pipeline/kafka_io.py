@@ -206,6 +206,13 @@ class _GroupSource:
     def assignment(self) -> list[str]:
         return sorted(snapshot_key(tp) for tp in self._book.owned)
 
+    def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has, as the broker says (not as the config assumes)."""
+        parts = self._consumer.partitions_for_topic(topic)
+        if not parts:
+            raise KafkaError(f"topic {topic!r} has no partitions the broker knows of; does it exist?")
+        return len(parts)
+
     def lag(self) -> dict[str, int]:
         """Per owned partition: end offset - next offset to yield (a metric; one broker round trip)."""
         owned = sorted(self._book.owned)
@@ -298,8 +305,16 @@ class KafkaEventSource(_GroupSource):
     def batches(self) -> Iterator[list[RawEvent]]:
         kinds = self.topics
         for records in self._polls():
-            yield [
-                RawEvent(kinds[r.topic], r.value or b"", r.topic, r.partition, r.offset, r.key)
+            yield [  # the record's timestamp is when the event entered the system (validation's reference)
+                RawEvent(
+                    kinds[r.topic],
+                    r.value or b"",
+                    r.topic,
+                    r.partition,
+                    r.offset,
+                    r.key,
+                    r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None,
+                )
                 for r in records
             ]
 

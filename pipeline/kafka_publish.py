@@ -3,6 +3,14 @@
 Impressions go to ``impressions_topic`` and clicks to ``clicks_topic`` as JSON, keyed by ``user_id``
 (the same key and partition count put a user's impressions and clicks on the same partition number,
 which the joiner relies on), through one :class:`~pipeline.kafka_client.KafkaSink`.
+
+Each record's timestamp (CreateTime) is the event's entry time as a replay judges it
+(:class:`~pipeline.entered_time.EnteredTime`: its event time unless it is an outlier among its
+neighbours), so the joiner daemon, which judges clock skew and age against record timestamps,
+accepts and refuses exactly what ``ctr backtest`` of the same log does. A reference later than
+the wall clock is sent as now (brokers refuse timestamps far in the future), and such an event is
+then refused as ``ts_in_future``, which it is. Topic retention is measured on these timestamps:
+a replayed log older than the topic's ``retention.ms`` is deleted by the broker.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.avazu_source import AvazuCsvSource
-from pipeline.config import KafkaConfig
+from pipeline.config import KafkaConfig, ValidationConfig
+from pipeline.entered_time import EnteredTime
 from pipeline.kafka_client import KafkaSink
 from pipeline.sources import JsonlSource
-from pipeline.types import EventKind, Source
+from pipeline.types import EventKind, RawEvent, Source
 
 __all__ = ["RateLimiter", "publish_stream", "replay_file_to_kafka"]
 
@@ -58,9 +67,13 @@ class RateLimiter:
         return delay
 
 
+Record = tuple[str, bytes | None, bytes, int | None]  # kind, key, value, timestamp (ms or None)
+_CHUNK = 5_000  # events stamped at a time (the look-ahead of EnteredTime ends with a chunk)
+
+
 def _publish(
     cfg: KafkaConfig,
-    records: Iterable[tuple[str, bytes | None, bytes]],
+    records: Iterable[Record],
     rate: float | None,
     flush_every: int,
     progress: bool = False,
@@ -73,12 +86,12 @@ def _publish(
 
         records = tqdm(records, desc="published", unit=" events", mininterval=1.0, unit_scale=True)
     with KafkaSink(cfg, cfg.impressions_topic) as sink:
-        for kind, key, value in records:
+        for kind, key, value, ts in records:
             if kind not in topics:
                 raise ValueError(f"publish: event kind {kind!r} is not one of {sorted(topics)}")
             if limiter is not None:
                 limiter.acquire()
-            sink.send(key, value, topics[kind])
+            sink.send(key, value, topics[kind], ts)
             counts[kind] += 1
             if sink.sent >= flush_every:  # bounds producer memory and surfaces failures early
                 sink.flush()
@@ -95,21 +108,47 @@ def _user_key(event: Mapping[str, Any]) -> bytes | None:
     return user.encode() if isinstance(user, str) else None
 
 
+def _stamped(batches: Iterable[list[RawEvent]], validation: ValidationConfig | None) -> Iterable[Record]:
+    """Each event as a record whose timestamp is its entry time (see the module docstring)."""
+    v = validation or ValidationConfig()
+    entered = EnteredTime(v.max_future_skew_s, v.max_past_age_s)
+    for batch in batches:
+        entered.assign(batch)
+        now = int(time.time() * 1000)
+        for ev in batch:
+            value = ev.value
+            ts = None if ev.entered_ms is None else min(ev.entered_ms, now)
+            yield ev.kind, ev.key, value if isinstance(value, bytes) else _json(value), ts
+
+
+def _chunks(events: Iterable[tuple[EventKind, Mapping[str, Any]]]) -> Iterable[list[RawEvent]]:
+    chunk: list[RawEvent] = []
+    for kind, e in events:
+        chunk.append(RawEvent(kind, e, "publish", key=_user_key(e)))
+        if len(chunk) >= _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def publish_stream(
     cfg: KafkaConfig,
     events: Iterable[tuple[EventKind, Mapping[str, Any]]],
     rate: float | None = None,
     flush_every: int = 50_000,
     progress: bool = False,
+    validation: ValidationConfig | None = None,
 ) -> dict[str, int]:
     """``ctr produce``: JSON-encode ``(kind, event)`` pairs to the impressions/clicks topics.
 
     Keyed by ``user_id`` (so a user's impressions and clicks land on the same partition number),
-    at ``rate`` events/s or as fast as possible; returns ``{"impression": n, "click": m}`` once
-    everything is acknowledged (raises :class:`KafkaSinkError` otherwise). ``progress``: a bar on stderr.
+    stamped with their entry times (``validation``'s skew and age bound the outliers; default
+    config), at ``rate`` events/s or as fast as possible; returns ``{"impression": n, "click": m}``
+    once everything is acknowledged (raises :class:`KafkaSinkError` otherwise). ``progress``: a bar
+    on stderr.
     """
-    records = ((k, _user_key(e), _json(e)) for k, e in events)
-    return _publish(cfg, records, rate, flush_every, progress)
+    return _publish(cfg, _stamped(_chunks(events), validation), rate, flush_every, progress)
 
 
 def replay_file_to_kafka(
@@ -118,6 +157,7 @@ def replay_file_to_kafka(
     rate: float | None = None,
     flush_every: int = 50_000,
     progress: bool = False,
+    validation: ValidationConfig | None = None,
 ) -> dict[str, int]:
     """Publish a log file (``.csv``: Avazu, else JSONL) or any :class:`Source` to the event topics.
 
@@ -128,10 +168,4 @@ def replay_file_to_kafka(
         path = Path(source)
         source = AvazuCsvSource(path) if path.suffix == ".csv" else JsonlSource([path])
 
-    def records() -> Iterable[tuple[str, bytes | None, bytes]]:
-        for batch in source.batches():
-            for ev in batch:
-                value = ev.value
-                yield ev.kind, ev.key, value if isinstance(value, bytes) else _json(value)
-
-    return _publish(cfg, records(), rate, flush_every, progress)
+    return _publish(cfg, _stamped(source.batches(), validation), rate, flush_every, progress)

@@ -81,6 +81,7 @@ class OnlineLoop:
             self.step(batch)
         if flush_at_end:
             self.joiner.flush()
+            self._reject_clicks()
             self._hand_over(self.joiner.drain())
         self._push_features()
         self.dead_letters.flush()
@@ -96,15 +97,19 @@ class OnlineLoop:
         for event in events:
             self.joiner.process(event)
         self.joiner.advance()
-        for rejection in self.joiner.drain_rejected():
-            self.validate.reject_click(rejection.click, rejection.reason, rejection.detail)
-            self.result.dead_letters += 1
+        self._reject_clicks()
         self._since_push += len(batch)
         if self._since_push >= self.cfg.features.push_every_events:
             self._push_features()
         self._hand_over(self.joiner.drain())
         if self.on_progress is not None:
             self.on_progress(len(batch))
+
+    def _reject_clicks(self) -> None:
+        """Clicks the joiner refused (user mismatch, orphans) become dead letters too."""
+        for rejection in self.joiner.drain_rejected():
+            self.validate.reject_click(rejection.click, rejection.reason, rejection.detail)
+            self.result.dead_letters += 1
 
     def _push_features(self) -> None:
         self._since_push = 0

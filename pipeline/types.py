@@ -37,7 +37,9 @@ class RawEvent:
 
     ``value`` is the wire bytes (Kafka, files) or an already-built mapping (in-process simulator);
     validation accepts both. ``source``/``partition``/``offset`` say where it came from, for dead
-    letters and lineage.
+    letters and lineage. ``entered_ms`` is when the event entered the system, what clock skew and
+    age are judged against: the Kafka record's timestamp in the daemons, the replay's reference
+    time (:mod:`pipeline.entered_time`) in a replay; ``None`` falls back to the validator's clock.
     """
 
     kind: EventKind
@@ -46,6 +48,7 @@ class RawEvent:
     partition: int = 0
     offset: int = 0
     key: bytes | None = None
+    entered_ms: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
 

@@ -133,3 +133,40 @@ def test_labelled_example_json_round_trip(v: Validator) -> None:
     assert isinstance(a, Impression)
     ex = LabelledExample(a, 1, NOW, {"user_ctr_1h": 0.25})
     assert LabelledExample.from_json(ex.to_json()) == ex
+
+
+def test_skew_and_age_are_judged_against_when_the_event_entered() -> None:
+    v = Validator(ValidationConfig(), clock=ManualClock(NOW))  # the clock is only the fallback
+    old = {**GOOD_IMP, "ts": NOW - 30 * 86_400_000}  # a month before the clock: fine if it entered then
+    assert isinstance(v.validate(RawEvent("impression", old, "t", entered_ms=old["ts"] + 5)), Impression)
+    assert v.impression(old).reason == "ts_too_old"  # judged by the clock: too old
+    ahead = {**GOOD_IMP, "ts": NOW + 3_600_000}
+    assert v.validate(RawEvent("impression", ahead, "t", entered_ms=NOW)).reason == "ts_in_future"
+
+
+def test_an_event_on_another_partition_than_its_users_is_a_dead_letter() -> None:
+    v = Validator(ValidationConfig(), clock=ManualClock(NOW), partition_of=lambda user: len(user) % 3)
+    home = len("alice") % 3
+    assert isinstance(v.validate(RawEvent("click", GOOD_CLICK, "t", partition=home)), Click)
+    dead = v.validate(RawEvent("click", GOOD_CLICK, "clicks", partition=home + 1))
+    assert isinstance(dead, DeadLetter) and dead.reason == "wrong_partition"
+    assert f"routes to partition {home}" in dead.detail and "key impressions and clicks by user_id" in dead.detail
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {**GOOD_IMP, "ts": "yesterday"},  # refused after parsing
+        json.dumps({**GOOD_IMP, "ts": "yesterday"}).encode(),
+        json.dumps({**GOOD_IMP, "junk": 1}).encode()[:-1] + b",",  # not JSON at all
+        json.dumps({**GOOD_IMP, "blob": "x" * 70_000}).encode(),  # too large: only a prefix is kept
+        b'{"user_id": "alice", "features": {"ip": "192.168.7.7", "device_id": "dev-99"}, "ts": 1.5',
+    ],
+)
+def test_dead_letters_carry_pseudonyms_never_raw_identifiers(v: Validator, value: object) -> None:
+    dead = v.validate(RawEvent("impression", value, "t"))  # type: ignore[arg-type]
+    assert isinstance(dead, DeadLetter)
+    text = dead.to_json().decode()
+    for raw in ("alice", "10.0.0.1", "192.168.7.7", "dev-99"):
+        assert raw not in text
+    assert v.pseudonymize("alice") in text  # the same pseudonym as the accepted events carry

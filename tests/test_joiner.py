@@ -84,6 +84,9 @@ def test_click_whose_impression_never_comes_is_orphaned() -> None:
     j = joiner(early_click_hold_s=600)
     j.process_all([click("c1", "ghost", 0), imp("i9", 11 * MIN)])
     assert j.stats.orphan_clicks == 1
+    [rejected] = j.drain_rejected()  # a dead letter with its reason: never dropped silently
+    assert (rejected.click.click_id, rejected.reason) == ("c1", "orphan_click")
+    assert "ghost" in rejected.detail
     j.flush()
     assert labels(j) == {"i9": 0}
 

@@ -27,7 +27,7 @@ def test_key_hash_partitioner_picks_exactly_the_default_partition() -> None:
     keys = [f"user-{i}".encode() for i in range(200)] * 2  # repeats hit the cache; 200 > max_keys
     got = [cached.partition("t", k, k, b"v", b"v", cluster) for k in keys]
     assert got == [default.partition("t", k, k, b"v", b"v", cluster) for k in keys]
-    assert len(set(got)) == 5 and len(cached._hashes) <= 50
+    assert len(set(got)) == 5 and len(cached._hash._hashes) <= 50
 
 
 def test_key_hash_partitioner_refuses_an_unknown_topic() -> None:
