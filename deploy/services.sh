@@ -251,10 +251,18 @@ kafka_jvm() {
     -Dctr.kafka.log.level="${CTR_KAFKA_LOG_LEVEL:-info}" -cp "$KAFKA_LIBS/*")
 }
 
+kafka_render_props() {
+  sed -e "s#@KAFKA_PORT@#$KAFKA_PORT#g" -e "s#@KAFKA_CONTROLLER_PORT@#$KAFKA_CONTROLLER_PORT#g" \
+    -e "s#@KAFKA_DATA_DIR@#$KAFKA_DIR/data#g" "$here/deploy/kafka/server.properties"
+}
+
 kafka_start() {
   clean_stale kafka "$KAFKA_PID" "$(kafka_marker)"
   if pid_of "$KAFKA_PID" "$(kafka_marker)" >/dev/null; then
     already_running kafka "$KAFKA_PID" "$KAFKA_PORT $KAFKA_CONTROLLER_PORT" CTR_KAFKA_PORT/CTR_KAFKA_CONTROLLER_PORT
+    # a broker started before deploy/kafka/server.properties changed keeps its old settings
+    kafka_render_props | cmp -s - "$KAFKA_PROPS" ||
+      log "kafka: WARNING: the running broker was started with an older deploy/kafka/server.properties; to apply it: deploy/services.sh stop kafka && deploy/services.sh up"
     return 0
   fi
   refuse_foreign_port kafka "$KAFKA_PORT" CTR_KAFKA_PORT
@@ -263,8 +271,7 @@ kafka_start() {
   kafka_libs
   mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
   kafka_jvm
-  sed -e "s#@KAFKA_PORT@#$KAFKA_PORT#g" -e "s#@KAFKA_CONTROLLER_PORT@#$KAFKA_CONTROLLER_PORT#g" \
-    -e "s#@KAFKA_DATA_DIR@#$KAFKA_DIR/data#g" "$here/deploy/kafka/server.properties" >"$KAFKA_PROPS"
+  kafka_render_props >"$KAFKA_PROPS"
   cp "$here/deploy/kafka/log4j2.properties" "$KAFKA_DIR/log4j2.properties"
   if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
     local cid
