@@ -6,7 +6,9 @@
 #   deploy/services.sh down    stop them (by pid file; stale pid files are cleaned)
 #   deploy/services.sh status  show pid, health, URL and log of each; exit 3 if any is not healthy
 #   deploy/services.sh stop S  stop one service (kafka, redis or mlflow); `up` starts it again
-#   deploy/services.sh env     print the exports (CTR_KAFKA_BOOTSTRAP, CTR_REDIS_URL, CTR_MLFLOW_URI)
+#   deploy/services.sh env     print the exports (CTR_KAFKA_BOOTSTRAP, CTR_REDIS_URL, CTR_MLFLOW_URI,
+#                              PATH += deploy/kafka/bin: Kafka's CLI); use: eval "$(deploy/services.sh env)"
+#   deploy/services.sh tools   fetch the class path of Kafka's CLI (deploy/kafka-cli.sh; up does it)
 #
 # Environment (defaults in brackets; ports are off the usual ones so a system Kafka/Redis/MLflow
 # on the same machine does not clash):
@@ -14,7 +16,8 @@
 #   CTR_MLFLOW_PORT [15000]  CTR_MLFLOW_WORKERS [2]  CTR_KAFKA_VERSION [4.1.1]
 #   CTR_KAFKA_HEAP ["-Xms256m -Xmx1g"]  CTR_KAFKA_LOG_LEVEL [info]  CTR_REDIS_PERSIST [0]
 #   CTR_MLFLOW_JOBS [0]: 1 runs MLflow's job runner (GenAI scoring jobs; ~8 extra processes)
-#   CTR_CACHE [~/.cache/ctr-online]: Kafka jars (kafka-<version>/libs) and the Maven repo (m2)
+#   CTR_CACHE [~/.cache/ctr-online]: Kafka jars (kafka-<version>/libs, the CLI's in tools-libs) and
+#     the Maven repo (m2)
 #   CTR_STATE [$CTR_CACHE/state]: data, logs, pid files, services.env
 #   CTR_VENV [from deploy/venv.sh]: the Python environment (mlflow, kafka-python)
 #   CTR_SERVICES_TIMEOUT [180]: seconds to wait for each service to become healthy
@@ -34,6 +37,7 @@ TIMEOUT="${CTR_SERVICES_TIMEOUT:-180}"
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
 KAFKA_LIBS="$CACHE/kafka-$KAFKA_VERSION/libs"
+KAFKA_TOOLS_LIBS="$CACHE/kafka-$KAFKA_VERSION/tools-libs"
 KAFKA_DIR="$STATE/kafka"
 KAFKA_PROPS="$KAFKA_DIR/server.properties"
 KAFKA_LOG="$KAFKA_DIR/logs/server.log"
@@ -220,27 +224,47 @@ check_java() {
     die "Kafka $KAFKA_VERSION needs Java 17 or newer; 'java' is version '${v:-unknown}'"
 }
 
-kafka_libs() {
-  local pom="$here/deploy/kafka/pom.xml" stamp
+# maven_libs WHAT POM DEST JAR: copy POM's runtime class path (Kafka $KAFKA_VERSION) from Maven
+# Central into DEST once; DEST/.complete holds a hash of the pom and the version, so a changed pom or
+# version fetches again. JAR (a glob) must be among what came. Parallel callers wait on DEST.lock.
+maven_libs() {
+  local what="$1" pom="$2" dest="$3" jar="$4" stamp
   stamp="$( (cat "$pom"; echo "$KAFKA_VERSION") | sha256sum | cut -c1-16)"
-  if [ -f "$KAFKA_LIBS/.complete" ] && [ "$(cat "$KAFKA_LIBS/.complete")" = "$stamp" ]; then
+  if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$stamp" ]; then
+    return 0
+  fi
+  mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
+  exec 8>"$dest.lock"
+  flock -w 900 8 || die "another process holds $dest.lock for more than 900s"
+  if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$stamp" ]; then
+    exec 8>&-
     return 0
   fi
   command -v mvn >/dev/null || die "mvn is missing: it fetches Kafka from Maven Central (apt-get install -y maven)"
-  local mvnlog="$CACHE/kafka-$KAFKA_VERSION/maven.log"
-  mkdir -p "$CACHE/kafka-$KAFKA_VERSION"
-  log "kafka: fetching org.apache.kafka:kafka_2.13:$KAFKA_VERSION and its dependencies from Maven Central into $KAFKA_LIBS (once)"
-  rm -rf "$KAFKA_LIBS.tmp"
+  local mvnlog="$dest.maven.log"
+  log "kafka: fetching $what $KAFKA_VERSION and its dependencies from Maven Central into $dest (once)"
+  rm -rf "$dest.tmp"
   if ! mvn -B -q -Dstyle.color=never -f "$pom" -Dkafka.version="$KAFKA_VERSION" \
     -Dmaven.repo.local="$CACHE/m2" dependency:copy-dependencies \
-    -DoutputDirectory="$KAFKA_LIBS.tmp" >"$mvnlog" 2>&1; then
+    -DoutputDirectory="$dest.tmp" >"$mvnlog" 2>&1; then
     tail -n 20 "$mvnlog" >&2 || true
-    die "maven could not fetch Kafka $KAFKA_VERSION (network to Maven Central? wrong CTR_KAFKA_VERSION?); log: $mvnlog"
+    die "maven could not fetch $what $KAFKA_VERSION (network to Maven Central? wrong CTR_KAFKA_VERSION?); log: $mvnlog"
   fi
-  ls "$KAFKA_LIBS.tmp"/kafka_2.13-*.jar >/dev/null 2>&1 || die "maven ran but no kafka_2.13 jar landed in $KAFKA_LIBS.tmp; log: $mvnlog"
-  rm -rf "$KAFKA_LIBS"
-  mv "$KAFKA_LIBS.tmp" "$KAFKA_LIBS"
-  printf '%s\n' "$stamp" >"$KAFKA_LIBS/.complete"
+  compgen -G "$dest.tmp/$jar" >/dev/null || die "maven ran but no $jar landed in $dest.tmp; log: $mvnlog"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+  printf '%s\n' "$stamp" >"$dest/.complete"
+  exec 8>&-
+}
+
+kafka_libs() {
+  maven_libs org.apache.kafka:kafka_2.13 "$here/deploy/kafka/pom.xml" "$KAFKA_LIBS" 'kafka_2.13-*.jar'
+}
+
+# Kafka's CLI (kafka-topics, kafka-console-consumer, ...): its own class path, so that fetching it
+# never replaces the jars under a running broker
+kafka_tools_libs() {
+  maven_libs org.apache.kafka:kafka-tools "$here/deploy/kafka/tools-pom.xml" "$KAFKA_TOOLS_LIBS" 'kafka-tools-*.jar'
 }
 
 kafka_jvm() {
@@ -375,11 +399,13 @@ mlflow_wait() { wait_healthy mlflow "$MLFLOW_PID" "$(mlflow_marker)" "$MLFLOW_LO
 # ---------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------
+# PATH gets Kafka's own CLI (deploy/kafka/bin/kafka-topics.sh, ...)
 print_env() {
   cat <<EOF
 export CTR_KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP
 export CTR_REDIS_URL=$REDIS_URL
 export CTR_MLFLOW_URI=$MLFLOW_URI
+export PATH="$here/deploy/kafka/bin:\$PATH"
 EOF
 }
 
@@ -400,6 +426,7 @@ cmd_up() {
   kafka_start
   redis_start
   mlflow_start
+  kafka_tools_libs # while the services start (a no-op once fetched)
   for svc in kafka redis mlflow; do
     "${svc}_wait"
     log "$svc: healthy"
@@ -456,6 +483,7 @@ case "$1" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) print_env ;;
+  tools) kafka_tools_libs ;;
   -h | --help | help) usage 0 ;;
   *) usage ;;
 esac

@@ -1,16 +1,21 @@
 """The real services answer the way the production profile uses them (`make services-up` starts them).
 
 Kafka: acks=all produce of 10k messages to a 3-partition topic, consumed back in a consumer group
-with manual commits. Redis: set/get. MLflow tracking server: experiment, metric, model version
-uploaded through the artifact proxy, alias set and resolved, UI answering for Host: localhost.
+with manual commits; Kafka's own CLI (deploy/kafka/bin/*.sh: topics, console producer and consumer,
+consumer groups) against the same broker. Redis: set/get. MLflow tracking server: experiment,
+metric, model version uploaded through the artifact proxy, alias set and resolved, UI answering for
+Host: localhost.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ pytestmark = pytest.mark.integration
 
 N_MESSAGES = 10_000
 PARTITIONS = 3
+KAFKA_BIN = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "bin"
 
 
 def test_kafka_produce_consume_manual_commit(kafka_bootstrap, kafka_topic, kafka_group, kafka_admin):
@@ -94,6 +100,61 @@ def test_kafka_auto_topic_creation_is_off(kafka_bootstrap, kafka_admin):
     finally:
         producer.close(timeout=5)
     assert name not in kafka_admin.list_topics()
+
+
+def kafka_cli(tool: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run deploy/kafka/bin/<tool>.sh (Kafka's own CLI, from Maven Central); fail with its stderr."""
+    done = subprocess.run(
+        [str(KAFKA_BIN / f"{tool}.sh"), *args], input=stdin, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, f"{tool} {' '.join(args)}: rc {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
+def test_kafka_cli_lists_and_describes_topics(kafka_bootstrap, kafka_topic):
+    topic = kafka_topic(partitions=2)
+    listed = kafka_cli("kafka-topics", "--bootstrap-server", kafka_bootstrap, "--list").stdout
+    assert topic in listed.splitlines(), listed
+    described = kafka_cli(
+        "kafka-topics", "--bootstrap-server", kafka_bootstrap, "--describe", "--topic", topic
+    )
+    assert re.search(rf"Topic: {re.escape(topic)}\s.*PartitionCount: 2\s", described.stdout), described.stdout
+    # topic configs through kafka-configs (the broker's default retention.ms is -1 once it runs with
+    # this checkout's deploy/kafka/server.properties; tests/test_deploy_env.py checks the file)
+    configs = kafka_cli(
+        "kafka-configs", "--bootstrap-server", kafka_bootstrap, "--describe", "--all",
+        "--entity-type", "topics", "--entity-name", topic,
+    ).stdout  # fmt: skip
+    assert re.search(r"^\s*retention\.ms=(-1|\d+) ", configs, flags=re.M), configs
+
+
+def test_kafka_cli_console_round_trip_and_group_lag(kafka_bootstrap, kafka_topic, kafka_group, kafka_admin):
+    """kafka-console-producer -> kafka-console-consumer in a group -> kafka-consumer-groups: lag 0."""
+    topic = kafka_topic(partitions=2)
+    lines = [f"user-{i % 7}:{json.dumps({'i': i})}" for i in range(50)]
+    produced = kafka_cli(
+        "kafka-console-producer", "--bootstrap-server", kafka_bootstrap, "--topic", topic,
+        "--property", "parse.key=true", "--property", "key.separator=:",
+        stdin="\n".join(lines) + "\n",
+    )  # fmt: skip
+    assert produced.stdout.strip(" >\n") == "", produced.stdout  # no prompt noise, no errors
+    consumed = kafka_cli(
+        "kafka-console-consumer", "--bootstrap-server", kafka_bootstrap, "--topic", topic,
+        "--group", kafka_group, "--from-beginning", "--max-messages", str(len(lines)),
+        "--timeout-ms", "60000", "--property", "print.key=true", "--property", "key.separator=:",
+    )  # fmt: skip
+    assert sorted(consumed.stdout.splitlines()) == sorted(lines)  # stdout is the records only
+    assert "Processed a total of 50 messages" in consumed.stderr
+    # the same offsets through kafka-python: the CLI talked to the broker the tests use
+    stored = kafka_admin.list_group_offsets(kafka_group)[kafka_group]
+    assert sum(om.offset for om in stored.values()) == len(lines)
+
+    described = kafka_cli(
+        "kafka-consumer-groups", "--bootstrap-server", kafka_bootstrap, "--describe", "--group", kafka_group
+    ).stdout
+    rows = [r.split() for r in described.splitlines() if r.startswith(kafka_group + " ")]
+    assert sorted(int(r[2]) for r in rows) == [0, 1], described  # one row per partition
+    assert all(r[1] == topic and r[3] == r[4] and r[5] == "0" for r in rows), described  # LAG 0
 
 
 def test_redis_set_get(redis_ns):
