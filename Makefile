@@ -44,12 +44,12 @@ bench: services-up  ## run every benchmark in benchmarks/ (train, ingest, freshn
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: services-up services-down services-status browser
+.PHONY: services-up services-down services-status services-env browser
 
 browser:  ## headless Chromium + chromedriver from Debian for the MLflow UI test (installed when missing)
 	@./deploy/browser.sh
 
-services-up:  ## start local Kafka (KRaft), Redis and the MLflow server; idempotent, health-checked
+services-up:  ## start local Kafka (KRaft; its CLI in deploy/kafka/bin), Redis and the MLflow server; idempotent, health-checked
 	@venv=$(VENV); CTR_VENV=$$venv ./deploy/services.sh up
 
 services-down:  ## stop the local services (data stays in $CTR_STATE, default ~/.cache/ctr-online/state)
@@ -57,3 +57,6 @@ services-down:  ## stop the local services (data stays in $CTR_STATE, default ~/
 
 services-status:  ## pid, health, URL and log of each local service
 	@venv=$(VENV); CTR_VENV=$$venv ./deploy/services.sh status
+
+services-env:  ## the exports for a shell: eval "$(make -s services-env)" (addresses as the config names them, Kafka's CLI on PATH)
+	@./deploy/services.sh env

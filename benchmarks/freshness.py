@@ -135,9 +135,9 @@ class Producer:
 def service_urls() -> dict[str, str]:
     """Kafka, Redis and MLflow as ``deploy/services.sh env`` exports them (its defaults otherwise)."""
     return {
-        "kafka": os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
-        "redis": os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"),
-        "mlflow": os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"),
+        "kafka": os.environ.get("CTR_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
+        "redis": os.environ.get("CTR_DAEMON_REDIS_URL", "redis://127.0.0.1:16379/0"),
+        "mlflow": os.environ.get("CTR_REGISTRY_TRACKING_URI", "http://127.0.0.1:15000"),
     }
 
 

@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the joiner; print its top costs")
     ap.add_argument("--out", type=Path, default=RESULTS / "ingest.json")
     args = ap.parse_args(argv)
-    bootstrap = os.environ.get("CTR_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
-    redis_url = os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0")
+    bootstrap = os.environ.get("CTR_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    redis_url = os.environ.get("CTR_DAEMON_REDIS_URL", "redis://127.0.0.1:16379/0")
     tag = uuid.uuid4().hex[:10]
 
     sim = Simulator(Config().simulator, args.seed)

@@ -118,15 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     model, experiment = f"bench-rollback-{tag}", f"bench-rollback-{tag}"
     tmp = Path(tempfile.mkdtemp(prefix="ctr-bench-rollback-"))
     env = {
-        "CTR_REGISTRY_TRACKING_URI": urls["CTR_MLFLOW_URI"],
+        "CTR_REGISTRY_TRACKING_URI": urls["CTR_REGISTRY_TRACKING_URI"],
         "CTR_REGISTRY_MODEL_NAME": model,
         "CTR_REGISTRY_EXPERIMENT": experiment,
-        "CTR_DAEMON_REDIS_URL": urls["CTR_REDIS_URL"],
+        "CTR_DAEMON_REDIS_URL": urls["CTR_DAEMON_REDIS_URL"],
         "CTR_DAEMON_STATE_DIR": str(tmp / "state"),
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
-    store = MlflowModelStore(RegistryConfig(model_name=model, experiment=experiment), urls["CTR_MLFLOW_URI"])
+    store = MlflowModelStore(
+        RegistryConfig(model_name=model, experiment=experiment), urls["CTR_REGISTRY_TRACKING_URI"]
+    )
     publish_versions(store, 3)
     fleet = ReplicaProcesses.start(args.replicas, env, tmp / "replicas")
     trials: list[dict] = []

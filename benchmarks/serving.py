@@ -61,8 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--buckets", type=int, default=1 << 16, help="hashed embedding rows of the model")
     p.add_argument("--swap-every", type=float, default=2.0, help="seconds between alias flips (swap phase)")
     p.add_argument("--feature-reads", type=int, default=1_000, help="in-process feature reads per path")
-    p.add_argument("--redis-url", default=os.environ.get("CTR_REDIS_URL", "redis://127.0.0.1:16379/0"))
-    p.add_argument("--mlflow-uri", default=os.environ.get("CTR_MLFLOW_URI", "http://127.0.0.1:15000"))
+    p.add_argument("--redis-url", default=os.environ.get("CTR_DAEMON_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    p.add_argument(
+        "--mlflow-uri", default=os.environ.get("CTR_REGISTRY_TRACKING_URI", "http://127.0.0.1:15000")
+    )
     p.add_argument("--py-spy", default="", help="path of a py-spy binary: one more redis phase, profiled")
     p.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     return p.parse_args(argv)

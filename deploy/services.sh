@@ -6,8 +6,10 @@
 #   deploy/services.sh down    stop them (by pid file; stale pid files are cleaned)
 #   deploy/services.sh status  show pid, health, URL and log of each; exit 3 if any is not healthy
 #   deploy/services.sh stop S  stop one service (kafka, redis or mlflow); `up` starts it again
-#   deploy/services.sh env     print the exports (CTR_KAFKA_BOOTSTRAP, CTR_REDIS_URL, CTR_MLFLOW_URI,
-#                              PATH += deploy/kafka/bin: Kafka's CLI); use: eval "$(deploy/services.sh env)"
+#   deploy/services.sh env     print the exports: the config's own names for the three addresses
+#                              (CTR_KAFKA_BOOTSTRAP_SERVERS, CTR_DAEMON_REDIS_URL,
+#                              CTR_REGISTRY_TRACKING_URI) and PATH += deploy/kafka/bin (Kafka's CLI);
+#                              use: eval "$(deploy/services.sh env)"
 #   deploy/services.sh tools   fetch the class path of Kafka's CLI (deploy/kafka-cli.sh; up does it)
 #
 # Environment (defaults in brackets; ports are off the usual ones so a system Kafka/Redis/MLflow
@@ -399,12 +401,14 @@ mlflow_wait() { wait_healthy mlflow "$MLFLOW_PID" "$(mlflow_marker)" "$MLFLOW_LO
 # ---------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------
+# the names pipeline/config.py reads (CTR_<SECTION>_<FIELD>: kafka.bootstrap_servers,
+# daemon.redis_url, registry.tracking_uri), so `ctr` and the tests in this shell use these services;
 # PATH gets Kafka's own CLI (deploy/kafka/bin/kafka-topics.sh, ...)
 print_env() {
   cat <<EOF
-export CTR_KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP
-export CTR_REDIS_URL=$REDIS_URL
-export CTR_MLFLOW_URI=$MLFLOW_URI
+export CTR_KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP
+export CTR_DAEMON_REDIS_URL=$REDIS_URL
+export CTR_REGISTRY_TRACKING_URI=$MLFLOW_URI
 export PATH="$here/deploy/kafka/bin:\$PATH"
 EOF
 }

@@ -2,8 +2,10 @@
 
 The session fixture `services` runs `deploy/services.sh up` once (idempotent: a no-op plus health
 checks when they already run; first time on a machine it fetches Kafka from Maven Central and
-installs Redis from Debian), reads the URLs it prints and exports them (CTR_KAFKA_BOOTSTRAP,
-CTR_REDIS_URL, CTR_MLFLOW_URI) for the code under test. Services are left running afterwards.
+installs Redis from Debian) and reads the addresses `deploy/services.sh env` prints, under the names
+the config reads (CTR_KAFKA_BOOTSTRAP_SERVERS, CTR_DAEMON_REDIS_URL, CTR_REGISTRY_TRACKING_URI). Each
+test that uses them has them in its environment (so `load_config()` and the processes it starts use
+them); other tests do not. Services are left running afterwards.
 
 Set CTR_SERVICES_EXTERNAL=1 (with the three CTR_* URLs) to test against services started elsewhere.
 
@@ -36,7 +38,7 @@ with warnings.catch_warnings():
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES_SH = REPO / "deploy" / "services.sh"
-URL_VARS = ("CTR_KAFKA_BOOTSTRAP", "CTR_REDIS_URL", "CTR_MLFLOW_URI")
+URL_VARS = ("CTR_KAFKA_BOOTSTRAP_SERVERS", "CTR_DAEMON_REDIS_URL", "CTR_REGISTRY_TRACKING_URI")
 HERE = Path(__file__).resolve().parent
 
 
@@ -75,16 +77,23 @@ def services() -> Iterator[dict[str, str]]:
     ).stdout
     urls = dict(re.findall(r"^export (CTR_[A-Z_]+)=(.*)$", printed, flags=re.M))
     assert set(URL_VARS) <= urls.keys(), printed
-    with pytest.MonkeyPatch.context() as mp:
-        for k in URL_VARS:
-            mp.setenv(k, urls[k])
-        yield {k: urls[k] for k in URL_VARS}
+    yield {k: urls[k] for k in URL_VARS}
+
+
+@pytest.fixture(autouse=True)
+def _services_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that uses the services gets their addresses in its environment, for this test only:
+    they are the config's own names, and a session-wide export would point the unit tests that run
+    after this directory (the embedded profile: no tracking server) at the MLflow server."""
+    if "services" in request.fixturenames:
+        for k, v in request.getfixturevalue("services").items():
+            monkeypatch.setenv(k, v)
 
 
 # ------------------------------------------------------------------------------------------- Kafka
 @pytest.fixture(scope="session")
 def kafka_bootstrap(services: dict[str, str]) -> str:
-    return services["CTR_KAFKA_BOOTSTRAP"]
+    return services["CTR_KAFKA_BOOTSTRAP_SERVERS"]
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +172,7 @@ def redis_ns(request: pytest.FixtureRequest, services: dict[str, str]) -> Iterat
     import redis
 
     db = int(os.environ.get("CTR_TEST_REDIS_DB", "15"))
-    client = redis.Redis.from_url(services["CTR_REDIS_URL"], db=db, decode_responses=True)
+    client = redis.Redis.from_url(services["CTR_DAEMON_REDIS_URL"], db=db, decode_responses=True)
     ns = RedisNamespace(client=client, prefix=f"{_unique(request, 'it')}:")
     yield ns
     keys = list(client.scan_iter(match=f"{ns.prefix}*", count=1000))
@@ -175,7 +184,7 @@ def redis_ns(request: pytest.FixtureRequest, services: dict[str, str]) -> Iterat
 # ------------------------------------------------------------------------------------------ MLflow
 @pytest.fixture(scope="session")
 def mlflow_uri(services: dict[str, str]) -> str:
-    return services["CTR_MLFLOW_URI"]
+    return services["CTR_REGISTRY_TRACKING_URI"]
 
 
 @dataclass

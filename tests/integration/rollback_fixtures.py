@@ -43,10 +43,10 @@ class Deployment:
 
 def deployment_env(services: dict[str, str], model: str, experiment: str, tmp: Path) -> dict[str, str]:
     return {
-        "CTR_REGISTRY_TRACKING_URI": services["CTR_MLFLOW_URI"],
+        "CTR_REGISTRY_TRACKING_URI": services["CTR_REGISTRY_TRACKING_URI"],
         "CTR_REGISTRY_MODEL_NAME": model,
         "CTR_REGISTRY_EXPERIMENT": experiment,
-        "CTR_DAEMON_REDIS_URL": services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",  # the test db
+        "CTR_DAEMON_REDIS_URL": services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",  # the test db
         "CTR_DAEMON_STATE_DIR": str(tmp / "state"),
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -63,7 +63,7 @@ def deployment_fixture(
     tmp = tmp_path_factory.mktemp("rollback")
     env = deployment_env(services, model, experiment, tmp)
     store = MlflowModelStore(
-        RegistryConfig(model_name=model, experiment=experiment), services["CTR_MLFLOW_URI"]
+        RegistryConfig(model_name=model, experiment=experiment), services["CTR_REGISTRY_TRACKING_URI"]
     )
     start = time.perf_counter()
     fleet = None

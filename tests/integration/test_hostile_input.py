@@ -47,7 +47,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     services: dict[str, str], kafka_admin: object, tmp_path: Path, fault_report: Callable[..., None]
 ) -> None:
     tag = uuid.uuid4().hex[:10]
-    bootstrap = services["CTR_KAFKA_BOOTSTRAP"]
+    bootstrap = services["CTR_KAFKA_BOOTSTRAP_SERVERS"]
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
         impressions_topic=f"hostile-imps-{tag}",
@@ -77,7 +77,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
         "CTR_KAFKA_PARTITIONS": "1",
         "CTR_KAFKA_GROUP_ID_PREFIX": f"hostile-{tag}",
         "CTR_DAEMON_STATE_DIR": str(tmp_path / "state"),
-        "CTR_DAEMON_REDIS_URL": services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+        "CTR_DAEMON_REDIS_URL": services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
         "CTR_FEATURES_PROJECT": f"hostile_{tag}",
     }
     log = tmp_path / "joiner.log"

@@ -49,7 +49,7 @@ class Stream:
 def stream(services: dict[str, str], kafka_admin: object) -> Iterator[Stream]:
     tag = uuid.uuid4().hex[:10]
     k = KafkaConfig(
-        bootstrap_servers=services["CTR_KAFKA_BOOTSTRAP"],
+        bootstrap_servers=services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
         impressions_topic=f"imps-{tag}",
         clicks_topic=f"clicks-{tag}",
     )
@@ -82,7 +82,7 @@ class Run:
     def env(self, **extra: str) -> dict[str, str]:
         return {
             **os.environ,
-            "CTR_KAFKA_BOOTSTRAP_SERVERS": self.services["CTR_KAFKA_BOOTSTRAP"],
+            "CTR_KAFKA_BOOTSTRAP_SERVERS": self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
             "CTR_KAFKA_IMPRESSIONS_TOPIC": self.stream.impressions_topic,
             "CTR_KAFKA_CLICKS_TOPIC": self.stream.clicks_topic,
             "CTR_KAFKA_EXAMPLES_TOPIC": self.examples_topic,
@@ -90,10 +90,10 @@ class Run:
             "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
             "CTR_KAFKA_GROUP_ID_PREFIX": f"it-{self.tag}",
             "CTR_DAEMON_STATE_DIR": str(self.tmp / "state"),
-            "CTR_DAEMON_REDIS_URL": self.services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+            "CTR_DAEMON_REDIS_URL": self.services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
             "CTR_DAEMON_CHECKPOINT_EVERY_S": "3",
             "CTR_FEATURES_PROJECT": f"it_{self.tag}",
-            "CTR_REGISTRY_TRACKING_URI": self.services["CTR_MLFLOW_URI"],
+            "CTR_REGISTRY_TRACKING_URI": self.services["CTR_REGISTRY_TRACKING_URI"],
             "CTR_REGISTRY_MODEL_NAME": self.model_name,
             "CTR_REGISTRY_EXPERIMENT": f"it-exp-{self.tag}",
             "CTR_TRAINER_TRAIN_EVERY": "60000",
@@ -124,7 +124,7 @@ class Run:
         from kafka import TopicPartition
 
         consumer = KafkaConsumer(
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"], enable_auto_commit=False
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], enable_auto_commit=False
         )
         parts = consumer.partitions_for_topic(self.examples_topic) or set()
         tps = [TopicPartition(self.examples_topic, p) for p in sorted(parts)]
@@ -172,7 +172,7 @@ def reference(
 
 def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
     """Block until the run's output topic holds ``at_least`` messages (its end offsets say so)."""
-    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP"])
+    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -240,7 +240,7 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
 
     cfg = Config()
     cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
     versions = store.versions()
     assert len(versions) >= 3
     previous_to = None
@@ -325,7 +325,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
 
     cfg = Config()
     cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
 
     def start_trainer(*args: str) -> subprocess.Popen[bytes]:
         log = (run.tmp / f"trainer-{len(run.procs)}.log").open("wb")
@@ -421,7 +421,7 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
 
     cfg = Config()
     cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_MLFLOW_URI"])
+    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
     deadline = time.monotonic() + 600
     while store.resolve("champion") is None:  # the fleet has something to serve
         assert time.monotonic() < deadline, "no first version"

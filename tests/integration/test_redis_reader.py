@@ -23,7 +23,7 @@ START_MS = 1_767_225_600_000
 
 
 def _test_db_url(services: dict[str, str]) -> str:
-    return services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15"  # never the production db 0
+    return services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15"  # never the production db 0
 
 
 @pytest.fixture

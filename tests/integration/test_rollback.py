@@ -139,7 +139,7 @@ def test_moving_champion_in_the_mlflow_ui_brings_every_replica_to_that_version(
 def test_the_trainer_gates_against_a_rolled_back_champion(services: dict[str, str], mlflow_scope) -> None:
     store = MlflowModelStore(
         RegistryConfig(model_name=mlflow_scope.model_name, experiment=mlflow_scope.experiment_name),
-        services["CTR_MLFLOW_URI"],
+        services["CTR_REGISTRY_TRACKING_URI"],
     )
     trainer = publish_versions(store, 2, seed=11)
     rollback(store, "1", "version 2 is miscalibrated", by="it")

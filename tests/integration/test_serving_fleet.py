@@ -142,7 +142,7 @@ def _version_of(port: int) -> str | None:
 @pytest.fixture
 def fleet_env(services: dict[str, str], mlflow_scope, tmp_path: Path) -> Iterator[dict[str, str]]:
     """Environment of the replicas: the scope's model, a Feast store with some features on db 15."""
-    redis_url = services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15"
+    redis_url = services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15"
     project = f"it_{uuid.uuid4().hex[:12]}"
     state = tmp_path / "state"
     store = open_store(state / "joiner" / "feast", "production", redis_url, project)

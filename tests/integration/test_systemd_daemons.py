@@ -124,7 +124,7 @@ class Deployment:
     def kafka(self) -> KafkaConfig:
         t = self.tag
         return KafkaConfig(
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"],
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
             impressions_topic=f"sd-imps-{t}",
             clicks_topic=f"sd-clicks-{t}",
             examples_topic=f"sd-examples-{t}",
@@ -145,10 +145,10 @@ class Deployment:
             "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
             "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
             "CTR_KAFKA_GROUP_ID_PREFIX": f"sd-{self.tag}",
-            "CTR_DAEMON_REDIS_URL": self.services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+            "CTR_DAEMON_REDIS_URL": self.services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
             "CTR_DAEMON_CHECKPOINT_EVERY_S": "2",
             "CTR_FEATURES_PROJECT": f"sd_{self.tag}",
-            "CTR_REGISTRY_TRACKING_URI": self.services["CTR_MLFLOW_URI"],
+            "CTR_REGISTRY_TRACKING_URI": self.services["CTR_REGISTRY_TRACKING_URI"],
             "CTR_REGISTRY_MODEL_NAME": f"sd-model-{self.tag}",
             "CTR_REGISTRY_EXPERIMENT": f"sd-exp-{self.tag}",
             "CTR_TRAINER_TRAIN_EVERY": "4000",
@@ -185,7 +185,9 @@ class Deployment:
     def committed(self, group: str, topics: list[str]) -> dict[str, int]:
         """The group's committed offsets (a consumer that asks, without joining the group)."""
         consumer = KafkaConsumer(
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"], group_id=group, enable_auto_commit=False
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
+            group_id=group,
+            enable_auto_commit=False,
         )
         try:
             tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
@@ -197,7 +199,7 @@ class Deployment:
     def examples(self) -> tuple[dict[str, int], int]:
         consumer = KafkaConsumer(
             self.kafka.examples_topic,
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"],
+            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             consumer_timeout_ms=10_000,
@@ -212,7 +214,7 @@ class Deployment:
         return labels, repeats
 
     def example_count(self) -> int:
-        consumer = KafkaConsumer(bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP"])
+        consumer = KafkaConsumer(bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
         try:
             tps = [TopicPartition(self.kafka.examples_topic, p) for p in range(PARTITIONS)]
             return sum(consumer.end_offsets(tps).values())

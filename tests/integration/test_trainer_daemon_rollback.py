@@ -37,14 +37,14 @@ def test_the_trainer_daemon_adopts_a_rollback_and_checkpoints_the_adopted_champi
     examples, dead = kafka_topic(partitions=1), kafka_topic(partitions=1)
     env = {
         **os.environ,
-        "CTR_KAFKA_BOOTSTRAP_SERVERS": services["CTR_KAFKA_BOOTSTRAP"],
+        "CTR_KAFKA_BOOTSTRAP_SERVERS": services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
         "CTR_KAFKA_EXAMPLES_TOPIC": examples,
         "CTR_KAFKA_DEAD_LETTER_TOPIC": dead,
         "CTR_KAFKA_PARTITIONS": "1",
         "CTR_KAFKA_GROUP_ID_PREFIX": f"it-{uuid.uuid4().hex[:10]}",
         "CTR_DAEMON_STATE_DIR": str(tmp_path / "state"),
-        "CTR_DAEMON_REDIS_URL": services["CTR_REDIS_URL"].rsplit("/", 1)[0] + "/15",
-        "CTR_REGISTRY_TRACKING_URI": services["CTR_MLFLOW_URI"],
+        "CTR_DAEMON_REDIS_URL": services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+        "CTR_REGISTRY_TRACKING_URI": services["CTR_REGISTRY_TRACKING_URI"],
         "CTR_REGISTRY_MODEL_NAME": mlflow_scope.model_name,
         "CTR_REGISTRY_EXPERIMENT": mlflow_scope.experiment_name,
         "CTR_TRAINER_MODEL": "lr",
@@ -73,14 +73,14 @@ def test_the_trainer_daemon_adopts_a_rollback_and_checkpoints_the_adopted_champi
 
     store = MlflowModelStore(
         RegistryConfig(model_name=mlflow_scope.model_name, experiment=mlflow_scope.experiment_name),
-        services["CTR_MLFLOW_URI"],
+        services["CTR_REGISTRY_TRACKING_URI"],
     )
-    produce(services["CTR_KAFKA_BOOTSTRAP"], examples, 0, 2 * BLOCK, seed=11)
+    produce(services["CTR_KAFKA_BOOTSTRAP_SERVERS"], examples, 0, 2 * BLOCK, seed=11)
     trainer()
     assert store.versions() == ["1", "2"] and store.resolve("champion") == "2"
 
     rollback(store, "1", "version 2 looks wrong", by="it")
-    produce(services["CTR_KAFKA_BOOTSTRAP"], examples, 2 * BLOCK, BLOCK, seed=12)
+    produce(services["CTR_KAFKA_BOOTSTRAP_SERVERS"], examples, 2 * BLOCK, BLOCK, seed=12)
     log = trainer(CTR_TRAINER_GATE_TOLERANCE="-0.5")  # no candidate can beat the champion
     assert "points at version 1, not 2" in log and "block 3 refused" in log, log[-4000:]
     assert store.versions() == ["1", "2"] and store.resolve("champion") == "1"
