@@ -189,6 +189,9 @@ def _daemons(cfg: Config) -> dict[str, Any]:
         values = {n.removeprefix(f"ctr_{name}_"): v for n, labels, v in samples if n in wanted and not labels}
         dead = sum(v for n, labels, v in samples if n == "ctr_dead_letters_total")
         out[name] = {"up": True, "url": url, **values, "dead_letters": dead}
+        clicks = {labels["outcome"]: v for n, labels, v in samples if n == "ctr_joiner_clicks_total"}
+        if clicks:  # late, early, orphan, duplicate, attributed (the joiner only)
+            out[name]["clicks"] = clicks
     return out
 
 
@@ -312,6 +315,10 @@ def render(s: dict[str, Any]) -> str:
                 f"{_fmt(d.get('join_rate'), '.3f')}, {_fmt(d.get('events_total'), ',.0f')} events, "
                 f"{d['dead_letters']:,.0f} dead letters"
             )
+            if d.get("clicks"):
+                lines.append(
+                    "           clicks: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(d["clicks"].items()))
+                )
         else:
             lines.append(
                 f"  trainer  up    {_fmt(d.get('examples_per_second'), ',.0f')} examples/s (last block), "

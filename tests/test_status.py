@@ -92,7 +92,8 @@ def test_render_shows_versions_lag_and_freshness() -> None:
         "consumers": {"joiner": {"group": "g-joiner", "lag": {"imps:0": 5, "clicks:0": 0}, "total": 5}},
         "daemons": {
             "joiner": {"up": True, "url": "u", "events_per_second": 1234.5, "examples_per_second": 1100.0,
-                       "join_rate": 0.9512, "events_total": 10.0, "dead_letters": 2.0},
+                       "join_rate": 0.9512, "events_total": 10.0, "dead_letters": 2.0,
+                       "clicks": {"late": 3.0, "orphan": 1.0, "early": 4.0}},
         },
         "models": {
             "name": "ctr", "champion": "7", "challenger": None, "versions": 7,
@@ -107,4 +108,5 @@ def test_render_shows_versions_lag_and_freshness() -> None:
     assert "champion 7, challenger -, 7 versions" in screen
     assert "1,234 events/s in" in screen and "join rate 0.951" in screen
     assert "joiner   5" in screen
+    assert "clicks: early 4, late 3, orphan 1" in screen
     assert "http://r:1" in screen and "version 7" in screen and "freshness 3.5 s" in screen

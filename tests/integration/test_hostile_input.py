@@ -2,9 +2,9 @@
 
 The corpus (tests/hostile.py) is published to real Kafka topics between a valid stream; one
 ``ctr joiner`` process reads it. It must not crash; every event validation refuses is on the
-dead-letter topic with its reason (counted per reason, exactly); a click from the wrong user is a
-``user_mismatch`` dead letter; repeats are dropped and counted; clicks for impressions that never
-come are held, then counted as orphans; and the examples are exactly the valid impressions whose
+dead-letter topic with its reason (counted per reason, exactly) and no raw user id; a click from
+the wrong user is a ``user_mismatch`` dead letter; repeats are dropped and counted; clicks for
+impressions that never come are held, then become ``orphan_click`` dead letters; and the examples are exactly the valid impressions whose
 window closed, none of them touched by the garbage around them.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.faults
 
 WINDOW_MS, LAG_MS, HOLD_MS = 900_000, 60_000, 900_000
 JOINER_RULES = {"duplicate_impression", "duplicate_click", "unknown_impression"}
+USER_FIELD = re.compile(r'"user_id"\s*:\s*"([^"]*)')
 
 
 def read_topic(bootstrap: str, topic: str) -> list[bytes]:
@@ -100,19 +102,23 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     # dead letters: exactly one per refused event, with the reason the corpus says
     letters = [json.loads(v) for v in read_topic(bootstrap, k.dead_letter_topic)]
     by_reason = Counter(d["reason"] for d in letters)
+    watermark = c.accepted_ts_max - LAG_MS
+    orphans = sum(ts + HOLD_MS < watermark for ts in c.unknown_clicks)  # their hold ended: dead letters
     expected = {fate: n for fate, n in c.fates.items() if fate not in JOINER_RULES}
-    assert dict(by_reason) == expected
+    assert dict(by_reason) == {**expected, **({"orphan_click": orphans} if orphans else {})}
     assert counters["dead_letters"] == len(letters)
     assert all(d["detail"] and d["source"] in {*topic.values(), "joiner"} for d in letters)
+    # privacy: the dead-letter topic holds pseudonyms only, never a raw user id
+    raw_users = [u for d in letters for u in USER_FIELD.findall(d["raw"])]
+    assert raw_users and all(u.startswith("u_") for u in raw_users), raw_users[:5]
 
     # the documented joiner rules, from the checkpoint's counters
     state = json.loads((tmp_path / "state" / "joiner" / "p0.json").read_text())
     stats = state["joiner"]["stats"]
-    watermark = c.accepted_ts_max - LAG_MS
     assert stats["duplicate_impressions"] == c.fates["duplicate_impression"]
     assert stats["duplicate_clicks"] == c.fates["duplicate_click"]
     assert stats["early_clicks"] == len(c.unknown_clicks) == c.fates["unknown_impression"]
-    assert stats["orphan_clicks"] == sum(ts + HOLD_MS < watermark for ts in c.unknown_clicks)
+    assert stats["orphan_clicks"] == orphans
 
     # the examples: exactly the valid impressions whose window closed, untouched by the garbage
     closed = {i for i, ts in c.valid_impressions.items() if ts + WINDOW_MS < watermark}
