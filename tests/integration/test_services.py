@@ -119,13 +119,18 @@ def test_kafka_cli_lists_and_describes_topics(kafka_bootstrap, kafka_topic):
         "kafka-topics", "--bootstrap-server", kafka_bootstrap, "--describe", "--topic", topic
     )
     assert re.search(rf"Topic: {re.escape(topic)}\s.*PartitionCount: 2\s", described.stdout), described.stdout
-    # topic configs through kafka-configs (the broker's default retention.ms is -1 once it runs with
-    # this checkout's deploy/kafka/server.properties; tests/test_deploy_env.py checks the file)
+    # kafka-configs: a topic created with no settings deletes nothing by time (log.retention.ms=-1 in
+    # deploy/kafka/server.properties: replays produce with event time as the record timestamp)
     configs = kafka_cli(
         "kafka-configs", "--bootstrap-server", kafka_bootstrap, "--describe", "--all",
         "--entity-type", "topics", "--entity-name", topic,
     ).stdout  # fmt: skip
-    assert re.search(r"^\s*retention\.ms=(-1|\d+) ", configs, flags=re.M), configs
+    retention = re.search(r"^\s*retention\.ms=(\S+) ", configs, flags=re.M)
+    assert retention, configs
+    assert retention.group(1) == "-1", (
+        f"retention.ms={retention.group(1)}: a broker started before deploy/kafka/server.properties set "
+        "log.retention.ms=-1? Restart it: deploy/services.sh stop kafka && make services-up"
+    )
 
 
 def test_kafka_cli_console_round_trip_and_group_lag(kafka_bootstrap, kafka_topic, kafka_group, kafka_admin):
