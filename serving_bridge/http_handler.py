@@ -1,4 +1,19 @@
-"""The request handler of a ``ctr serve`` replica: routes and JSON answers (moved out of server.py)."""
+"""The request handler of a ``ctr serve`` replica: routes, JSON answers, and hostile requests.
+
+Every answer is JSON with a ``Content-Length``, errors included: the standard library's own error
+pages (a bad request line, headers too long, an unknown method) go through :meth:`send_error`,
+which answers ``{"error": ...}`` too. What a hostile client gets:
+
+- a method other than GET and POST: ``405`` with ``Allow`` (the standard library says 501, HTML);
+- a body shorter than its ``Content-Length``: ``408`` once ``server.body_timeout_s`` has passed
+  since the body started (a total deadline, so a trickle of bytes does not extend it), ``400`` if
+  the client closes first; the connection is closed either way;
+- JSON nested deeper than the parser's recursion limit: ``400`` (the parser's RecursionError would
+  otherwise drop the connection without an answer);
+- a string that is not valid Unicode (a lone surrogate, ``"\\ud800"``): ``400``, from the validator;
+- HTTP/1.0 with ``Connection: keep-alive`` (``ab -k``): the answer says ``Connection: keep-alive``
+  and the connection stays open (an HTTP/1.0 client otherwise waits for the server to close).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["ReplicaHandler"]
 
 log = logging.getLogger(__name__)
+_JSON = "application/json"
+_GET_PATHS = "/healthz, /readyz, /version, /metrics, /openapi.json; or POST /score"
 
 
 class ReplicaHandler(BaseHTTPRequestHandler):
@@ -30,22 +47,40 @@ class ReplicaHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
-    def _send(self, status: int, body: dict[str, Any] | bytes, *headers: tuple[str, str]) -> None:
+    def _send(
+        self, status: int, body: dict[str, Any] | bytes, *headers: tuple[str, str], ctype: str = _JSON
+    ) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         for name, value in headers:
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
+        elif self.request_version == "HTTP/1.0":  # kept open only on its Connection: keep-alive
+            self.send_header("Connection", "keep-alive")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _refuse(self, status: int, message: str, *headers: tuple[str, str]) -> None:
         """An error answered before the body was read: the connection cannot be reused."""
         self.close_connection = True
         self._send(status, {"error": message}, *headers)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors as JSON; its 501 for an unknown method as a 405."""
+        path = (getattr(self, "path", None) or "").split("?", 1)[0]
+        headers: tuple[tuple[str, str], ...] = ()
+        if code == 501:  # http.server's answer to a method without a do_<METHOD>
+            allowed = "POST" if path == "/score" else "GET"
+            code, message = 405, f"method {self.command} not allowed on {path or '/'}; allowed: {allowed}"
+            headers = (("Allow", allowed),)
+        if self.request_version == "HTTP/0.9" and len(getattr(self, "requestline", "").split()) >= 3:
+            self.request_version = "HTTP/1.0"  # a bad version word, not a 0.9 client: send a status line
+        self.log_error("code %d, message %s", code, message)
+        self._refuse(code, message or self.responses.get(code, ("error",))[0], *headers)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -68,16 +103,11 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         elif path == "/openapi.json":
             self._send(200, self.server.spec_body)
         elif path == "/metrics":
-            data = self.server.metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send(200, self.server.metrics.render().encode(), ctype=CONTENT_TYPE)
+        elif path == "/score":
+            self._send(405, {"error": "POST /score"}, ("Allow", "POST"))
         else:
-            self._send(
-                404, {"error": f"no route GET {path}; try /score, /version, /readyz, /metrics, /openapi.json"}
-            )
+            self._send(404, {"error": f"no route GET {path}; try {_GET_PATHS}"})
 
     def do_POST(self) -> None:
         started = time.perf_counter()
@@ -117,26 +147,57 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         if length > server.cfg.max_body_bytes:
             self._refuse(413, f"body of {length} bytes; at most {server.cfg.max_body_bytes}")
             return
+        body = self._read_body(length)  # before admission: a slow client holds no scoring slot
+        if body is None:
+            return
         if not server.try_admit():
             retry = str(max(1, round(server.cfg.retry_after_s)))
             self._refuse(503, "overloaded: too many requests in flight; retry later", ("Retry-After", retry))
             return
         try:
-            self._score(self.rfile.read(length))
+            self._score(body)
         finally:
             server.release()
+
+    def _read_body(self, length: int) -> bytes | None:
+        """``length`` bytes within ``server.body_timeout_s`` in all; None once a 4xx is answered."""
+        limit = self.server.body_timeout_s
+        deadline, chunks, got = time.monotonic() + limit, [], 0
+        try:
+            while got < length:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(min(length - got, 1 << 16))
+                if not chunk:
+                    self._refuse(
+                        400, f"the body ended after {got} of the {length} bytes of its Content-Length"
+                    )
+                    return None
+                chunks.append(chunk)
+                got += len(chunk)
+        except TimeoutError:
+            self._refuse(408, f"got {got} of the {length} bytes of the body's Content-Length in {limit} s")
+            return None
+        finally:
+            self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
 
     def _score(self, body: bytes) -> None:
         server = self.server
         try:
             req = json.loads(body)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            validate(server.schema, req)
+        except RecursionError:
+            self._send(400, {"error": "body is not valid JSON: nested too deeply"})
+            return
+        except json.JSONDecodeError as exc:
             self._send(400, {"error": f"body is not valid JSON: {exc}"})
             return
-        try:
-            validate(server.schema, req)
-        except ValueError as exc:
-            self._send(400, {"error": str(exc)})
+        except ValueError as exc:  # UnicodeDecodeError (not UTF-8), or the schema's message
+            message = f"body is not valid JSON: {exc}" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            self._send(400, {"error": message})
             return
         router = server.router
         if not router.ready:

@@ -76,6 +76,8 @@ def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, A
             "200": _json({"$ref": "#/components/schemas/ScoreResponse"}, "one probability per candidate"),
             "400": _json(_ERROR, "bad JSON or a body that does not match ScoreRequest"),
             "401": _json(_ERROR, "missing or wrong bearer token (when the replica has one)"),
+            "405": _json(_ERROR, "a method other than POST (the response's Allow says which)"),
+            "408": _json(_ERROR, "the body did not arrive in full within a few seconds"),
             "411": _json(_ERROR, "no Content-Length"),
             "413": _json(_ERROR, "body larger than serving.max_body_bytes"),
             "503": _json(_ERROR, "overloaded or no model loaded yet; retry after Retry-After seconds"),
@@ -143,6 +145,7 @@ def validate(schema: dict[str, Any], value: Any, where: str = "") -> None:
     if "enum" in schema and value not in schema["enum"]:
         raise ValueError(f"{at}: must be one of {schema['enum']}")
     if isinstance(value, str):
+        _check_unicode(value, at)
         if len(value) < schema.get("minLength", 0):
             raise ValueError(f"{at}: must not be empty" if not value else f"{at}: too short")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
@@ -173,9 +176,20 @@ def _validate_object(schema: dict[str, Any], value: dict[str, Any], where: str) 
         if unknown:
             raise ValueError(f"{at}: unknown field(s) {unknown}; allowed: {sorted(props)}")
     for key, v in value.items():
+        _check_unicode(key, f"{at} key {key!r}")
         sub = props.get(key, extra if isinstance(extra, dict) else None)
         if sub is not None:
             validate(sub, v, f"{where}.{key}" if where else key)
+
+
+def _check_unicode(value: str, at: str) -> None:
+    """JSON's ``"\\ud800"`` parses to a lone surrogate: not Unicode text, and no UTF-8 encodes it
+    (the pseudonymizer and the feature hashing would raise on it later)."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{at}: not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 def _name(value: Any) -> str:

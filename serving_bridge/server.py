@@ -3,7 +3,8 @@
 - ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str, ...]}`` ->
   ``{"version", "arm", "replica", "probabilities"}``: one probability per candidate, the version
   that made them and the A/B arm. The body is validated against the ``ScoreRequest`` schema of the
-  OpenAPI document (:mod:`serving_bridge.openapi`); bad input gets a 4xx and ``{"error": ...}``.
+  OpenAPI document (:mod:`serving_bridge.openapi`); bad input gets a 4xx and ``{"error": ...}``
+  (hostile requests too: :mod:`serving_bridge.http_handler`).
 - ``GET /openapi.json`` that document; ``GET /healthz`` 200 while the process runs;
   ``GET /readyz`` 200 once a champion is loaded, else 503; ``GET /version``; ``GET /metrics``.
 
@@ -80,6 +81,7 @@ class ReplicaServer(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True
     request_queue_size = 256  # listen backlog: the default 5 drops SYNs under a burst (1 s retries)
+    body_timeout_s = 2.0  # a POST body not complete this long after its headers gets 408
 
     def __init__(
         self,

@@ -153,6 +153,10 @@ def test_a_good_request_gets_one_probability_per_candidate_and_the_version(api) 
         ({**GOOD, "context": {"site": 1}}, "context.site: must be a string, got a number"),
         ({**GOOD, "context": ["site"]}, "context: must be an object, got an array"),
         ({**GOOD, "user_id": True}, "user_id: must be a string, got a boolean"),
+        ({**GOOD, "user_id": "\ud800"}, "user_id: not valid Unicode"),  # a lone surrogate
+        ({**GOOD, "items": ["a", "x\udfff"]}, "items[1]: not valid Unicode"),
+        ({**GOOD, "context": {"site\ud800": "s1"}}, "context key 'site\\ud800': not valid Unicode"),
+        (b'{"user_id": "u", "items": ' + b"[" * 100_000, "nested too deeply"),  # under the size limit
     ],
 )
 def test_bad_requests_get_400_with_a_message(api, body: Any, message: str) -> None:
@@ -433,4 +437,104 @@ def test_a_request_queued_when_the_replica_stops_is_answered_not_reset(api) -> N
     server.server_close()
     resp = conn.getresponse()
     assert resp.status == 200 and json.loads(resp.read())["probabilities"] == [0.25] * 3
+    conn.close()
+
+
+class RawConn:
+    """One TCP connection that writes bytes as given and reads whole responses (several in a row)."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buf += chunk
+        return bool(chunk)
+
+    def response(self) -> tuple[int, dict[str, str], Any]:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), f"closed without a (whole) response: {self.buf!r}"
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+        length = int(headers["content-length"])
+        while len(self.buf) < length:
+            assert self._fill(), "closed mid-body"
+        body, self.buf = self.buf[:length], self.buf[length:]
+        assert headers["content-type"] == "application/json" or not body.startswith(b"{"), headers
+        return int(status_line.split()[1]), headers, json.loads(body) if body else None
+
+    def closed_by_server(self) -> bool:
+        return not self.buf and not self._fill()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("method", ["TRACE", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "BREW"])
+@pytest.mark.parametrize(("path", "allowed"), [("/score", "POST"), ("/healthz", "GET")])
+def test_undeclared_methods_get_405_with_allow_and_a_json_message(api, method, path, allowed) -> None:
+    client, _ = api
+    status, headers, body = client.request(method, path)
+    assert status == 405 and headers["Allow"] == allowed
+    assert f"method {method} not allowed on {path}" in body["error"]
+    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=30)
+    conn.request("HEAD", "/healthz")  # no do_HEAD: 405 too, without a body
+    resp = conn.getresponse()
+    assert resp.status == 405 and resp.getheader("Allow") == "GET" and resp.read() == b""
+    conn.close()
+    assert client.request("GET", "/score")[1]["Allow"] == "POST"
+
+
+def test_malformed_request_lines_get_json_errors(api) -> None:
+    client, _ = api
+    conn = RawConn(client.port)
+    conn.sock.sendall(b"GET /healthz HTTP/9.9\r\n\r\n")
+    status, headers, body = conn.response()
+    assert status == 505 and body["error"] and headers["connection"] == "close"
+    conn.close()
+
+
+def test_a_body_shorter_than_its_content_length_gets_408_not_a_hang(api) -> None:
+    client, server = api
+    server.body_timeout_s = 0.2  # a deadline for the whole body; the client below never sends it
+    conn = RawConn(client.port)
+    conn.sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b'{"user_id"')
+    status, headers, body = conn.response()
+    assert status == 408 and "got 10 of the 100 bytes" in body["error"] and headers["connection"] == "close"
+    assert conn.closed_by_server()
+    conn.close()
+    conn = RawConn(client.port)  # the client closes its side first: 400, not a parse of half a body
+    conn.sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    conn.sock.shutdown(1)  # SHUT_WR
+    status, _, body = conn.response()
+    assert status == 400 and "ended after 1 of the 100 bytes" in body["error"]
+    conn.close()
+    assert client.score(GOOD)[0] == 200 and server.in_flight == 0
+
+
+def test_http_1_0_keep_alive_is_honoured_as_ab_k_sends_it(api) -> None:
+    """`ab -k` speaks HTTP/1.0 with Connection: keep-alive and waits for the server to close unless
+    the answer says keep-alive: two requests on one connection, each answered at once."""
+    client, _ = api
+    body = json.dumps(GOOD).encode()
+    request = (
+        b"POST /score HTTP/1.0\r\nConnection: Keep-Alive\r\nHost: x\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    conn = RawConn(client.port)
+    for _ in range(2):
+        conn.sock.sendall(request)
+        status, headers, answer = conn.response()
+        assert status == 200 and answer["probabilities"] == [0.25] * 3
+        assert headers["connection"] == "keep-alive" and int(headers["content-length"]) > 0
+    conn.close()
+    conn = RawConn(client.port)  # plain HTTP/1.0: answered, then closed by the server
+    conn.sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    status, headers, _ = conn.response()
+    assert status == 200 and headers["connection"] == "close" and conn.closed_by_server()
     conn.close()
