@@ -29,6 +29,7 @@ __all__ = [
     "DaemonConfig",
     "FeatureConfig",
     "JoinerConfig",
+    "JsonlConfig",
     "KafkaConfig",
     "RegistryConfig",
     "ServingConfig",
@@ -177,6 +178,14 @@ class BacktestConfig:
 
 
 @dataclass
+class JsonlConfig:
+    # Read-time renames for JSONL logs in another vocabulary (pipeline/jsonl_mapping.py), as
+    # "canonical=raw" pairs: "type=event_type" (the tag), "impression=imp" (a tag value), "user_id=uid".
+    map: tuple[str, ...] = ()  # `--map` adds to these
+    map_file: str = ""  # a JSON object of the same pairs ({"type": "event_type"}); empty = none
+
+
+@dataclass
 class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
     impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
@@ -237,6 +246,7 @@ class Config:
     serving: ServingConfig = field(default_factory=ServingConfig)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     backtest: BacktestConfig = field(default_factory=BacktestConfig)
+    jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
 

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.simulator import Simulator
 from pipeline.types import EventKind, ManualClock, RawEvent
 
-__all__ = ["JsonlSource", "SimulatorSource", "labelled_events"]
+__all__ = ["JsonlSource", "MergedJsonlSource", "SimulatorSource", "labelled_events"]
 
 _KINDS = ("impression", "click")
 # A timestamp this far past its batch's median does not move the clock, so one corrupt event (say
@@ -128,10 +129,12 @@ class JsonlSource(_BatchingSource):
     """Replays JSONL files (one event per line, tagged ``"type"``) in order; resumes by byte offset.
 
     A tagged line becomes a mapping without its ``"type"``. Any other line stays raw bytes for the
-    validator to judge: kind ``"click"`` if it is an object with a ``click_id``, else
-    ``"impression"``. So a line that is too long, not JSON or wrongly tagged becomes a dead letter
-    with a reason, and an untagged but well-formed event is accepted. ``partition`` is the file's
-    index in ``paths`` and ``offset`` the line number.
+    validator to judge: kind ``kind`` if given (a file of one kind), else ``"click"`` if it is an
+    object with a ``click_id``, else ``"impression"``. So a line that is too long, not JSON or
+    wrongly tagged becomes a dead letter with a reason, and an untagged but well-formed event is
+    accepted. ``mapping`` renames tag, tag values and fields first (:mod:`pipeline.jsonl_mapping`;
+    a renamed line is passed on as a mapping). ``partition`` is the file's index in ``paths`` and
+    ``offset`` the line number.
     """
 
     name = "jsonl"
@@ -142,8 +145,13 @@ class JsonlSource(_BatchingSource):
         batch_size: int = 5_000,
         resume: dict[str, Any] | None = None,
         max_line_bytes: int = 65_536,
+        *,
+        mapping: JsonlMapping | None = None,
+        kind: EventKind | None = None,
     ) -> None:
         super().__init__(batch_size, resume)
+        self.mapping = None if mapping is None or mapping.is_identity else mapping
+        self.kind = kind
         self.paths = [Path(p) for p in paths]
         for p in self.paths:
             if not p.is_file():
@@ -159,24 +167,38 @@ class JsonlSource(_BatchingSource):
                 )
         self._pos = self._at(pos["file"], pos["byte"], pos["line"])
 
+    def resumed(self, position: dict[str, Any]) -> JsonlSource:
+        """The same source from ``position`` (a snapshot's file, path, byte and line)."""
+        resume = {**position, "source": self.name}
+        return JsonlSource(
+            self.paths, self.batch_size, resume, self.max_line_bytes, mapping=self.mapping, kind=self.kind
+        )
+
     def _at(self, file: int, byte: int, line: int) -> dict[str, Any]:
         path = self.paths[file].name if file < len(self.paths) else ""
         return {"file": file, "path": path, "byte": byte, "line": line}
 
-    def _decode(self, line: bytes) -> tuple[EventKind, bytes | dict[str, Any]]:
+    def _decode(self, line: bytes) -> tuple[EventKind, bytes | dict[str, Any], Any]:
+        """``(kind, value, parsed line or None)``; ts and key are read from the parsed line."""
         if len(line) > self.max_line_bytes:
-            return "impression", line  # not parsed: the validator says "too_large"
+            return self.kind or "impression", line, None  # not parsed: the validator says "too_large"
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError):
-            return "impression", line
+            return self.kind or "impression", line, None
         if not isinstance(obj, dict):
-            return "impression", line
-        kind = obj.get("type")
-        if kind in _KINDS:
-            del obj["type"]
-            return kind, obj
-        return ("click" if "click_id" in obj else "impression"), line  # the validator says why
+            return self.kind or "impression", line, None
+        if self.mapping is None:  # the canonical schema: no renames
+            kind = obj.get("type")
+            if kind in _KINDS:
+                del obj["type"]
+                return kind, obj, obj
+            return self.kind or ("click" if "click_id" in obj else "impression"), line, obj
+        kind, mapped = self.mapping.apply(obj)
+        if kind is not None:
+            return kind, mapped, mapped
+        # untagged (or tagged with a value not mapped): the validator says why, if anything is wrong
+        return self.kind or ("click" if "click_id" in mapped else "impression"), mapped, mapped
 
     def _read(self) -> _Read:
         start = self._pos
@@ -191,12 +213,50 @@ class JsonlSource(_BatchingSource):
                     raw = line.rstrip(b"\r\n")
                     if not raw.strip():
                         continue  # blank lines are not events
-                    kind, value = self._decode(raw)
-                    event = RawEvent(kind, value, str(path), file, line_no - 1, _key_of(value))
-                    yield event, _ts_of(value), (file, byte, line_no)
+                    kind, value, obj = self._decode(raw)
+                    event = RawEvent(kind, value, str(path), file, line_no - 1, _key_of(obj))
+                    yield event, _ts_of(obj), (file, byte, line_no)
 
     def _position(self, pos: Any) -> dict[str, Any]:
         return self._at(*pos)
+
+
+class MergedJsonlSource(_BatchingSource):
+    """Several :class:`JsonlSource` streams (impressions in one, clicks in another) merged on ``ts``.
+
+    Each part is read in its own order and the heads are merged by event time (ties: the earlier
+    part first; a line without a ``ts`` goes with the line before it). The snapshot holds every
+    part's position after the last event it delivered, so a resume restarts each part there.
+    """
+
+    name = "jsonl-merged"
+
+    def __init__(
+        self, parts: Sequence[JsonlSource], batch_size: int = 5_000, resume: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(batch_size, resume)
+        if resume is not None:
+            if len(resume.get("parts", [])) != len(parts):
+                raise ValueError(f"MergedJsonlSource: snapshot has {len(resume.get('parts', []))} parts")
+            parts = [p.resumed(r) for p, r in zip(parts, resume["parts"], strict=True)]
+        self.parts = list(parts)
+        self._pos = self._position(tuple((p._pos["file"], p._pos["byte"], p._pos["line"]) for p in parts))
+
+    def _read(self) -> _Read:
+        def timed(i: int, part: JsonlSource) -> Iterator[tuple[int, int, RawEvent, int | None, Any]]:
+            last = 0
+            for event, ts, pos in part._read():
+                last = last if ts is None else ts
+                yield last, i, event, ts, pos
+
+        cursor = [(p["file"], p["byte"], p["line"]) for p in self._pos["parts"]]
+        # (last ts, part) is unique among the heads, so events themselves are never compared
+        for _, i, event, ts, pos in heapq.merge(*(timed(i, p) for i, p in enumerate(self.parts))):
+            cursor[i] = pos
+            yield event, ts, tuple(cursor)
+
+    def _position(self, pos: Any) -> dict[str, Any]:
+        return {"parts": [part._at(*p) for part, p in zip(self.parts, pos, strict=True)]}
 
 
 def labelled_events(

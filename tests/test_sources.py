@@ -12,15 +12,23 @@ import pytest
 from pipeline.avazu_source import AvazuCsvSource, avazu_hour_to_ms
 from pipeline.config import SimulatorConfig, ValidationConfig
 from pipeline.events import Click, DeadLetter, Impression, Validator
+from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.simulator import Simulator, write_jsonl
-from pipeline.sources import JsonlSource, SimulatorSource
+from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
 from pipeline.types import RawEvent, Source
 
 AVAZU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "avazu_first_hour"
 AVAZU = AVAZU_DIR / "avazu_train_first_9999.csv"
 needs_avazu = pytest.mark.skipif(not AVAZU_DIR.is_dir(), reason=f"Avazu sample folder {AVAZU_DIR} is absent")
 SIM_CFG = SimulatorConfig(duplicate_rate=0.01, early_click_rate=0.02)
+SPLIT_CFG = SimulatorConfig(duplicate_rate=0.0, early_click_rate=0.0)  # each kind in ts order
 Factory = Callable[[dict[str, Any] | None], Any]
+# Another vocabulary for the same events: tag, tag values and two field names renamed.
+RENAMES = {"type": "event_type", "user_id": "uid", "ts": "timestamp"}
+VALUES = {"impression": "imp", "click": "clk"}
+MAP = JsonlMapping.parse(
+    [*(f"{k}={v}" for k, v in RENAMES.items()), *(f"{k}={v}" for k, v in VALUES.items())]
+)
 
 
 def val(event: RawEvent) -> dict[str, Any]:
@@ -48,23 +56,63 @@ def sim_jsonl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return paths
 
 
-def factories(jsonl: list[Path]) -> dict[str, Factory]:
+def renamed(kind: str, event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` tagged ``kind`` in the vocabulary of :data:`MAP`."""
+    return {RENAMES.get(k, k): v for k, v in {"type": VALUES[kind], **event}.items()}
+
+
+def write_lines(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mapped_jsonl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The stream of :func:`sim_jsonl` in another vocabulary (read with :data:`MAP`)."""
+    rows = [renamed(kind, e) for kind, e in Simulator(SIM_CFG, 21).stream(6_000)]
+    return [write_lines(rows, tmp_path_factory.mktemp("mapped") / "log.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def split_jsonl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A simulated stream as an impressions file and a clicks file, untagged."""
+    rows = list(Simulator(SPLIT_CFG, 23).stream(4_000))
+    folder = tmp_path_factory.mktemp("split")
+    imps = write_lines([e for kind, e in rows if kind == "impression"], folder / "impressions.jsonl")
+    return imps, write_lines([e for kind, e in rows if kind == "click"], folder / "clicks.jsonl")
+
+
+def merged(split: tuple[Path, Path], batch_size: int = 5_000, resume: dict[str, Any] | None = None) -> Any:
+    parts = [JsonlSource([split[0]], kind="impression"), JsonlSource([split[1]], kind="click")]
+    return MergedJsonlSource(parts, batch_size=batch_size, resume=resume)
+
+
+def factories(jsonl: list[Path], mapped: list[Path], split: tuple[Path, Path]) -> dict[str, Factory]:
     sim = Simulator(SIM_CFG, 20)
     out: dict[str, Factory] = {
         "simulator": lambda resume: SimulatorSource(sim, 12_000, batch_size=1_700, resume=resume),
         "jsonl": lambda resume: JsonlSource(jsonl, batch_size=700, resume=resume),
+        "jsonl-mapped": lambda resume: JsonlSource(mapped, batch_size=700, resume=resume, mapping=MAP),
+        "jsonl-merged": lambda resume: merged(split, batch_size=900, resume=resume),
     }
     if AVAZU_DIR.is_dir():
         out["avazu"] = lambda resume: AvazuCsvSource(AVAZU, batch_size=1_500, resume=resume)
     return out
 
 
-@pytest.mark.parametrize("name", ["simulator", "jsonl", pytest.param("avazu", marks=needs_avazu)])
+JSONL_SOURCES = ["jsonl", "jsonl-mapped", "jsonl-merged"]
+
+
+@pytest.mark.parametrize("name", ["simulator", *JSONL_SOURCES, pytest.param("avazu", marks=needs_avazu)])
 @pytest.mark.parametrize("after_batches", [1, 3])
 def test_resume_from_a_snapshot_yields_exactly_the_rest(
-    name: str, after_batches: int, sim_jsonl: list[Path]
+    name: str,
+    after_batches: int,
+    sim_jsonl: list[Path],
+    mapped_jsonl: list[Path],
+    split_jsonl: tuple[Path, Path],
 ) -> None:
-    make = factories(sim_jsonl)[name]
+    make = factories(sim_jsonl, mapped_jsonl, split_jsonl)[name]
     assert isinstance(make(None), Source)
     whole = make(None)
     batches = list(whole.batches())
@@ -81,10 +129,12 @@ def test_resume_from_a_snapshot_yields_exactly_the_rest(
     assert read_all(make(json.loads(json.dumps(resumed.snapshot())))) == []
 
 
-@pytest.mark.parametrize("name", ["simulator", "jsonl"])
-def test_a_snapshot_of_another_source_is_refused(name: str, sim_jsonl: list[Path]) -> None:
+@pytest.mark.parametrize("name", ["simulator", *JSONL_SOURCES])
+def test_a_snapshot_of_another_source_is_refused(
+    name: str, sim_jsonl: list[Path], mapped_jsonl: list[Path], split_jsonl: tuple[Path, Path]
+) -> None:
     with pytest.raises(ValueError, match="snapshot"):
-        factories(sim_jsonl)[name]({"source": "elsewhere", "offset": 0})
+        factories(sim_jsonl, mapped_jsonl, split_jsonl)[name]({"source": "elsewhere", "offset": 0})
 
 
 def test_simulator_source_clock_follows_event_time() -> None:
@@ -189,3 +239,66 @@ def test_avazu_malformed_rows_are_dead_letters(tmp_path: Path) -> None:
     assert sorted(kinds) == ["Click", "Impression", "Impression", "bad_json", "bad_json"]
     users = {e.value["user_id"] for e in events if isinstance(e.value, dict)}
     assert users == {"abc123", "ip2-m2"}
+
+
+def test_a_mapped_log_reads_as_the_canonical_one(sim_jsonl: list[Path], mapped_jsonl: list[Path]) -> None:
+    canonical, mapped = JsonlSource(sim_jsonl), JsonlSource(mapped_jsonl, mapping=MAP)
+    a, b = read_all(canonical), read_all(mapped)
+    assert [(e.kind, e.value, e.key) for e in b] == [(e.kind, e.value, e.key) for e in a]
+    assert not [o for o in validate_all(b, mapped) if isinstance(o, DeadLetter)]
+    assert mapped.clock.now_ms() == canonical.clock.now_ms()
+    unmapped = JsonlSource(mapped_jsonl)  # without the mapping every line is rejected
+    assert all(isinstance(o, DeadLetter) for o in validate_all(read_all(unmapped), unmapped))
+
+
+def test_mapping_renames_only_and_validation_still_rejects(tmp_path: Path) -> None:
+    imp = {"impression_id": "i1", "ts": 1_767_225_600_000, "user_id": "alice", "item_id": "ad"}
+    lines = [
+        renamed("impression", imp),  # read
+        {**renamed("impression", imp), "extra": 1},  # a field outside the schema
+        {**renamed("impression", imp), "user_id": "bob"},  # uid -> user_id would collide
+        {**renamed("impression", imp), "event_type": "view"},  # a tag value not mapped
+        {"type": "impression", **imp},  # the canonical names always work
+        {k: v for k, v in renamed("impression", imp).items() if k != "event_type"},  # untagged
+    ]
+    source = JsonlSource([write_lines(lines, tmp_path / "log.jsonl")], mapping=MAP)
+    out = validate_all(read_all(source), source)
+    details = [o.detail if isinstance(o, DeadLetter) else type(o).__name__ for o in out]
+    assert details == [
+        "Impression",
+        "unknown field 'extra'",
+        "unknown field 'uid'",
+        "unknown field 'event_type'",
+        "Impression",
+        "Impression",
+    ]
+
+
+def test_mapping_pairs_files_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps({"type": "kind", "impression": ["imp", "view"], "user_id": "uid"}))
+    m = JsonlMapping.parse(JsonlMapping.load(path))
+    assert m.tags == ("kind", "type") and m.fields == {"uid": "user_id"}
+    assert (m.kinds["view"], m.kinds["imp"], m.kinds["click"]) == ("impression", "impression", "click")
+    assert JsonlMapping.parse([]).is_identity and not m.is_identity
+    with pytest.raises(ValueError, match="unknown canonical name 'userid'"):
+        JsonlMapping.parse(["userid=uid"])
+    with pytest.raises(ValueError, match="canonical=raw"):
+        JsonlMapping.parse(["user_id"])
+    path.write_text("[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        JsonlMapping.load(path)
+
+
+def test_impression_and_click_files_merge_on_event_time(split_jsonl: tuple[Path, Path]) -> None:
+    source = merged(split_jsonl, batch_size=1_000)
+    events = read_all(source)
+    rows = list(Simulator(SPLIT_CFG, 23).stream(4_000))
+    by_kind = {k: [e for kind, e in rows if kind == k] for k in ("impression", "click")}
+    assert all(v == sorted(v, key=lambda e: e["ts"]) for v in by_kind.values())  # each file is in order
+    expected = sorted(rows, key=lambda r: (r[1]["ts"], r[0] == "click"))  # ties: impressions first
+    assert [
+        (e.kind, json.loads(e.value) if isinstance(e.value, bytes) else e.value) for e in events
+    ] == expected
+    assert not [o for o in validate_all(events, source) if isinstance(o, DeadLetter)]
+    assert source.clock.now_ms() == max(e["ts"] for _, e in rows)
