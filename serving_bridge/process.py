@@ -117,6 +117,9 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
             "ctr serve needs an MLflow server: set CTR_REGISTRY_TRACKING_URI "
             "(e.g. http://127.0.0.1:15000; `make services-up` starts one)"
         )
+    path = cfg.serving.feature_path
+    if path not in FEATURE_PATHS:  # here, not in the opener's retry loop
+        raise ValueError(f"serving.feature_path = {path!r} must be one of {FEATURE_PATHS}")
     if cfg.serving.torch_threads > 0:
         # 100 rows per request are too few to split across cores; parallel requests use them instead
         import torch

@@ -538,3 +538,13 @@ def test_http_1_0_keep_alive_is_honoured_as_ab_k_sends_it(api) -> None:
     status, headers, _ = conn.response()
     assert status == 200 and headers["connection"] == "close" and conn.closed_by_server()
     conn.close()
+
+
+def test_a_bad_feature_path_stops_ctr_serve_at_start_not_in_the_opener_thread() -> None:
+    from serving_bridge.process import run_replica
+
+    cfg = load_config(
+        env={"CTR_REGISTRY_TRACKING_URI": "http://127.0.0.1:9", "CTR_SERVING_FEATURE_PATH": "x"}
+    )
+    with pytest.raises(ValueError, match="feature_path = 'x' must be one of"):
+        run_replica(cfg, "127.0.0.1", 0, "r1")
