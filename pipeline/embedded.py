@@ -22,6 +22,7 @@ from tqdm import tqdm
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
 from pipeline.config import Config
 from pipeline.events import Pseudonymizer
+from pipeline.partitioning import partition_of
 from pipeline.sinks import JsonlDeadLetters
 from serving_bridge.fleet import Fleet
 from serving_bridge.replica import Replica
@@ -56,6 +57,7 @@ class EmbeddedStack:
                 pseudonymize,
                 alias=cfg.registry.champion_alias,
                 poll_interval_s=cfg.serving.poll_interval_s,
+                shard_of=lambda user: partition_of(user, cfg.kafka.partitions),  # the replay's item shards
             )
             for i in range(cfg.serving.replicas)
         ]

@@ -1,8 +1,9 @@
-"""The online-learning loop: source -> validation -> joiner (+ streaming features) -> trainer.
+"""The replay loop (``ctr demo``, ``ctr backtest``): source -> the daemon's partition tasks -> trainer.
 
-One code path for the embedded demo, backtests and (with other adapters) the daemons: the source,
-the dead-letter sink, the feature writer, the model store and the fleet are injected; the joiner,
-features and trainer logic are the same everywhere.
+Validation, the join and the streaming features are :class:`~pipeline.partitioned_join.PartitionedJoin`,
+i.e. the joiner daemon's partition tasks fed as Kafka would feed them; the examples reach the
+trainer in :class:`~pipeline.example_merge.ExampleMerge` order. The source, the dead-letter sink,
+the feature writer, the model store and the fleet are injected adapters.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from features.aggregations import StreamingFeatures
 from pipeline.config import Config
 from pipeline.events import DeadLetter, LabelledExample
-from pipeline.joiner import Joiner
+from pipeline.partitioned_join import PartitionedJoin
 from pipeline.types import RawEvent, Source
-from pipeline.validation_stage import ValidationStage
 from trainers.incremental import BlockReport, IncrementalTrainer
 
 __all__ = ["LoopResult", "OnlineLoop"]
@@ -69,9 +68,7 @@ class OnlineLoop:
     on_progress: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
-        self.features = StreamingFeatures(self.cfg.features)
-        self.joiner = Joiner(self.cfg.joiner, self.features)
-        self.validate = ValidationStage(self.cfg.validation, self.source.clock, self.dead_letters)
+        self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters)
         self.result = LoopResult()
         self._since_push = 0
 
@@ -79,42 +76,30 @@ class OnlineLoop:
         start = time.perf_counter()
         for batch in self.source.batches():
             self.step(batch)
-        if flush_at_end:
-            self.joiner.flush()
-            self._reject_clicks()
-            self._hand_over(self.joiner.drain())
+        self._hand_over(self.join.finish(flush=flush_at_end))
         self._push_features()
+        self.result.dead_letters = self.join.dead_letters
         self.dead_letters.flush()
-        self.result.join_stats = self.joiner.stats.as_dict()
+        self.result.join_stats = self.join.stats
         self.result.wall_s = time.perf_counter() - start
         return self.result
 
     def step(self, batch: list[RawEvent]) -> None:
         """One batch through every stage."""
-        events = self.validate(batch)
+        examples = self.join.step(batch)
         self.result.events += len(batch)
-        self.result.dead_letters += len(batch) - len(events)
-        for event in events:
-            self.joiner.process(event)
-        self.joiner.advance()
-        self._reject_clicks()
+        self.result.dead_letters = self.join.dead_letters
         self._since_push += len(batch)
         if self._since_push >= self.cfg.features.push_every_events:
             self._push_features()
-        self._hand_over(self.joiner.drain())
+        self._hand_over(examples)
         if self.on_progress is not None:
             self.on_progress(len(batch))
-
-    def _reject_clicks(self) -> None:
-        """Clicks the joiner refused (user mismatch, orphans) become dead letters too."""
-        for rejection in self.joiner.drain_rejected():
-            self.validate.reject_click(rejection.click, rejection.reason, rejection.detail)
-            self.result.dead_letters += 1
 
     def _push_features(self) -> None:
         self._since_push = 0
         if self.feature_writer is not None:
-            self.feature_writer.push(*self.features.drain_dirty())
+            self.feature_writer.push(*self.join.drain_features())
 
     def _hand_over(self, examples: list[LabelledExample]) -> None:
         if not examples:

@@ -150,7 +150,10 @@ def test_an_event_on_another_partition_than_its_users_is_a_dead_letter() -> None
     assert isinstance(v.validate(RawEvent("click", GOOD_CLICK, "t", partition=home)), Click)
     dead = v.validate(RawEvent("click", GOOD_CLICK, "clicks", partition=home + 1))
     assert isinstance(dead, DeadLetter) and dead.reason == "wrong_partition"
-    assert f"routes to partition {home}" in dead.detail and "key impressions and clicks by user_id" in dead.detail
+    assert (
+        f"routes to partition {home}" in dead.detail
+        and "key impressions and clicks by user_id" in dead.detail
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,124 @@
+"""A replay's joiner: the daemon's partition tasks, fed the way Kafka would feed them.
+
+A replay (``ctr backtest``, ``ctr demo``) runs the production join, not a copy of it: every event
+goes to partition ``partition_of(key, cfg.kafka.partitions)`` (the key is the raw user id, as the
+producers key records) with that partition's next offset, is validated by the same
+:class:`~pipeline.events.Validator` (entry time from :class:`~pipeline.entered_time.EnteredTime`,
+the partition check), and is offered to that partition's
+:class:`~pipeline.partition_task.PartitionTask`: the same event-time merge of impressions and
+clicks, per-partition watermark, sharded item statistics and dedup as the joiner daemon. The
+tasks' examples leave in :class:`~pipeline.example_merge.ExampleMerge` order, which does not depend
+on batch sizes. Refused events become dead letters with the daemon's reasons.
+
+In a replay no stream is ever idle before the input ends (the daemon's idleness needs a caught-up
+partition, which a backlog is not), so :meth:`PartitionedJoin.step` only merges what both streams
+have buffered, and :meth:`PartitionedJoin.finish` lets every task run to its end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from features.aggregations import FeatureRow
+from pipeline.config import Config
+from pipeline.entered_time import EnteredTime
+from pipeline.events import DeadLetter, LabelledExample, Validator
+from pipeline.example_merge import ExampleMerge
+from pipeline.joiner import JoinStats
+from pipeline.partition_task import PartitionTask
+from pipeline.partitioning import KeyHashes
+from pipeline.types import Clock, RawEvent
+
+__all__ = ["PartitionedJoin"]
+
+
+class DeadLetterSink(Protocol):
+    def write(self, letter: DeadLetter) -> None: ...
+
+
+class PartitionedJoin:
+    """``cfg.kafka.partitions`` partition tasks behind one validator; see the module docstring."""
+
+    def __init__(self, cfg: Config, clock: Clock, dead_letters: DeadLetterSink) -> None:
+        self.partitions = n = cfg.kafka.partitions
+        if n < 1:
+            raise ValueError(f"kafka.partitions must be >= 1, got {n}")
+        hashes = KeyHashes()
+        self._route = lambda key: hashes(key) % n
+        self.validator = Validator(
+            cfg.validation, clock, lambda user: hashes(user.encode("utf-8", "surrogatepass")) % n
+        )
+        self.entered = EnteredTime(cfg.validation.max_future_skew_s, cfg.validation.max_past_age_s)
+        self.tasks = [PartitionTask(cfg, p, idle_s=cfg.daemon.idle_merge_s) for p in range(n)]
+        self.merge = ExampleMerge(n)
+        self.sink = dead_letters
+        self.dead_letters = 0
+        self._next = {(kind, p): 0 for kind in ("impression", "click") for p in range(n)}
+
+    def step(self, batch: Sequence[RawEvent]) -> list[LabelledExample]:
+        """Route, validate and join one batch; the examples whose merged place is final."""
+        self.entered.assign(batch)
+        tasks, validate = self.tasks, self.validator.validate
+        for raw in batch:
+            p = self._route(raw.key) if raw.key is not None else 0
+            offset = self._next[raw.kind, p]
+            self._next[raw.kind, p] = offset + 1
+            raw.partition, raw.offset = p, offset
+            event = validate(raw)
+            if isinstance(event, DeadLetter):
+                self._dead(event)
+                tasks[p].offer(raw.kind, offset, None)
+            else:
+                tasks[p].offer(raw.kind, offset, event)
+        for task in tasks:
+            task.run(at_end=_never)
+            self._drain(task)
+        return self.merge.pop()
+
+    def finish(self, flush: bool = True) -> list[LabelledExample]:
+        """The input ended: run every task to its end (``flush``: close every open window too)."""
+        for task in self.tasks:
+            task.run(now=math.inf, at_end=_always)
+            if flush:
+                task.joiner.flush()
+            self._drain(task)
+        return self.merge.pop(done=_always)
+
+    def drain_features(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
+        """Every task's changed feature rows (user keys never collide; item keys carry their shard)."""
+        users: list[FeatureRow] = []
+        items: list[FeatureRow] = []
+        for task in self.tasks:
+            u, i = task.features.drain_dirty()
+            users += u
+            items += i
+        return users, items
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The joiners' counters, summed over partitions."""
+        total = JoinStats().as_dict()
+        for task in self.tasks:
+            for name, n in task.joiner.stats.as_dict().items():
+                total[name] += n
+        return total
+
+    def _drain(self, task: PartitionTask) -> None:
+        self.merge.offer(task.partition, task.drain())
+        for rej in task.joiner.drain_rejected():
+            raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
+            self._dead(self.validator.dead_letter(raw, rej.reason, rej.detail))
+
+    def _dead(self, letter: DeadLetter) -> None:
+        self.sink.write(letter)
+        self.dead_letters += 1
+
+
+def _never(kind: str) -> bool:
+    return False
+
+
+def _always(kind: str) -> bool:
+    return True
