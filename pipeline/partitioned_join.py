@@ -84,7 +84,7 @@ class PartitionedJoin:
             if flush:
                 task.joiner.flush()
             self._drain(task)
-        return self.merge.pop(done=_always)
+        return self.merge.pop(done=lambda p: True)
 
     def drain_features(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
         """Every task's changed feature rows (user keys never collide; item keys carry their shard)."""
