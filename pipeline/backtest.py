@@ -30,17 +30,19 @@ from tqdm import tqdm
 from pipeline import backtest_report as report
 from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import Config
+from pipeline.dead_letter_check import Diagnosis, diagnose, read_dead_letters
+from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.loop import OnlineLoop
 from pipeline.parquet_source import ParquetSource
 from pipeline.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
 from pipeline.simulator import Simulator
 from pipeline.sinks import JsonlDeadLetters
-from pipeline.sources import JsonlSource, SimulatorSource
+from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
 from pipeline.types import Source
 from trainers.ftrl import FtrlLearner, FtrlParams
 from trainers.incremental import BlockReport, BlockScores, IncrementalTrainer
 
-__all__ = ["FORMATS", "BacktestResult", "LocalVersions", "open_source", "run_backtest"]
+__all__ = ["FORMATS", "BacktestResult", "LocalVersions", "open_jsonl", "open_source", "run_backtest"]
 
 FORMATS = ("jsonl", "avazu", "criteo", "obd", "parquet", "simulator")
 LEARNERS = ("online", "static", "ftrl")
@@ -51,6 +53,7 @@ _SUFFIXES = {"jsonl": (".jsonl",), "criteo": (".txt", ".tsv", ".gz"), "parquet":
 class BacktestResult:
     summary: dict[str, Any]
     out: Path
+    dead_letters: Diagnosis | None = None  # the verdict on the input (failed: mostly dead letters)
 
 
 class LocalVersions:
@@ -87,14 +90,41 @@ def _files(path: Path, fmt: str) -> list[Path]:
     return files
 
 
-def open_source(cfg: Config, fmt: str, path: Path | None, *, seed: int, impressions: int) -> Source:
-    """The source for ``--format``: a file or folder, or the simulator (``impressions``, ``seed``)."""
+def open_jsonl(cfg: Config, path: Path, clicks: Path | None = None) -> Source:
+    """JSONL input renamed by ``cfg.jsonl`` (:mod:`pipeline.jsonl_mapping`): one stream, or
+    impressions and clicks in two (``clicks``, or a folder of ``impression*`` and ``click*`` files)
+    merged on event time; an untagged line of such a file is of the file's kind."""
+    mapping = JsonlMapping.from_config(cfg.jsonl)
+    files = _files(path, "jsonl")
+    click_files = _files(clicks, "jsonl") if clicks is not None else []
+    if clicks is None and path.is_dir():
+        click_files = [f for f in files if f.name.lower().startswith("click")]
+        imps = [f for f in files if f.name.lower().startswith("imp")]
+        if click_files and imps and len(click_files) + len(imps) < len(files):
+            other = ", ".join(f.name for f in files if f not in click_files and f not in imps)
+            raise ValueError(f"backtest: {path} holds click* and impression* files and also {other}")
+        click_files, files = (click_files, imps) if click_files and imps else ([], files)
+    if not click_files:
+        return JsonlSource(files, mapping=mapping)
+    parts = [JsonlSource(files, mapping=mapping, kind="impression")]
+    return MergedJsonlSource([*parts, JsonlSource(click_files, mapping=mapping, kind="click")])
+
+
+def open_source(
+    cfg: Config, fmt: str, path: Path | None, *, seed: int, impressions: int, clicks: Path | None = None
+) -> Source:
+    """The source for ``--format``: a file or folder, or the simulator (``impressions``, ``seed``);
+    ``clicks``: a JSONL file or folder of clicks to merge with ``path``'s impressions."""
+    if fmt != "jsonl" and clicks is not None:
+        raise ValueError(f"backtest: --clicks is for --format jsonl, not {fmt}")
     if fmt == "simulator":
         return SimulatorSource(Simulator(cfg.simulator, seed), impressions)
     if fmt not in FORMATS:
         raise ValueError(f"backtest: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     if path is None or not path.exists():
         raise FileNotFoundError(f"backtest: --source {path} does not exist (needed for --format {fmt})")
+    if clicks is not None and not clicks.exists():
+        raise FileNotFoundError(f"backtest: --clicks {clicks} does not exist")
     b = cfg.backtest
     delay = ClickDelay(b.click_delay_median_s, b.click_delay_sigma, b.click_delay_max_s)
     if fmt in ("avazu", "criteo", "obd") and delay.max_s > cfg.joiner.attribution_window_s:
@@ -124,7 +154,7 @@ def open_source(cfg: Config, fmt: str, path: Path | None, *, seed: int, impressi
         )
     if fmt == "parquet":
         return ParquetSource(_files(path, fmt))
-    return JsonlSource(_files(path, fmt))
+    return open_jsonl(cfg, path, clicks)
 
 
 def run_backtest(
@@ -190,12 +220,16 @@ def run_backtest(
         progress.close()
         dead.close()
     loop_s = time.perf_counter() - wall0
+    verdict = _verdict(cfg, result.events, dict(dead.by_reason), out / "dead_letters.jsonl")
     summary: dict[str, Any] = {
         "title": title,
         "blocks": len(rows),
         "examples": result.examples,
         "events": result.events,
         "dead_letters": result.dead_letters,
+        "dead_letters_by_reason": verdict.by_reason,
+        "dead_letter_share": verdict.share,
+        "dead_letter_hints": verdict.hints,
         "versions": sum(1 for r in rows if r["version"]),
         **report.summarize(scores, LEARNERS, resamples=b.bootstrap_resamples, seed=seed),
         "loop_s": loop_s,
@@ -225,7 +259,16 @@ def run_backtest(
         )
         say(f"MLflow run {run} in {uri}")
     _print_summary(summary, say)
-    return BacktestResult(summary, out)
+    return BacktestResult(summary, out, verdict)
+
+
+def _verdict(cfg: Config, events: int, by_reason: dict[str, int], path: Path) -> Diagnosis:
+    _, samples = read_dead_letters(path, count=False)
+    try:
+        mapping = JsonlMapping.from_config(cfg.jsonl)
+    except ValueError:  # not a JSONL run; the hints then assume the canonical names
+        mapping = None
+    return diagnose(events, by_reason, samples, mapping)
 
 
 def _print_summary(s: dict[str, Any], say: Any) -> None:
@@ -245,3 +288,6 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
         f"{s['dead_letters']:,} dead letters) "
         f"in {s['loop_s']:.1f}s: {s['examples_per_s']:,.0f} examples/s"
     )
+    if s["dead_letters_by_reason"]:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in s["dead_letters_by_reason"].items())
+        say(f"dead letters by reason: {reasons}")

@@ -140,7 +140,8 @@ def write_plots(rows: Sequence[Mapping[str, Any]], learners: Sequence[str], out:
         ax.set_ylabel(f"progressive {m}")
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(mdates.AutoDateLocator()))
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.lines:  # no blocks (an input of dead letters): an empty plot, no legend
+            ax.legend()
         fig.tight_layout()
         path = out / f"{m}.png"
         fig.savefig(path, dpi=100)

@@ -21,7 +21,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.backtest_cli import add_input_arguments
+from pipeline.config import ConfigError, load_config
 
 __all__ = ["main"]
 
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=Path("runs/replay"))
     r.add_argument("--train-every", type=int)
 
+    add_input_arguments(r)
     r.add_argument("--to-kafka", action="store_true", help="publish the file to the Kafka topics")
     r.add_argument("--rate", type=float, help="with --to-kafka: events per second (default: max)")
 
@@ -77,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
     b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
     b.add_argument("--out", type=Path, default=Path("runs/backtest"))
+    add_input_arguments(b)
 
     st = sub.add_parser("status", help="services, lag, throughput, models and replicas on one screen")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -139,18 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay" and args.to_kafka:
         from pipeline.kafka_io import replay_file_to_kafka
 
+        if args.map or args.map_file or args.clicks:
+            print("ctr: --map, --map-file and --clicks are not supported with --to-kafka", file=sys.stderr)
+            return 2
         counts = replay_file_to_kafka(
             cfg.kafka, args.source, rate=args.rate, progress=True, validation=cfg.validation
         )
         print(json.dumps(counts))
         return 0
     if args.command == "replay":
-        from pipeline.runner import run_replay
+        from pipeline.backtest_cli import replay
 
-        run_replay(cfg, args.source, args.format, args.out)
-        return 0
+        return replay(cfg, args)
     if args.command == "backtest":
-        return _backtest(cfg, args)
+        from pipeline.backtest_cli import backtest
+
+        return backtest(cfg, args)
     if args.command == "produce":
         from pipeline.kafka_io import ensure_topics, publish_stream
         from pipeline.simulator import Simulator
@@ -183,28 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         run_replica(cfg, args.host, args.port, args.name or f"serve-{args.port}")
         return 0
     return 2  # pragma: no cover - argparse enforces the choices
-
-
-def _backtest(cfg: Config, args: argparse.Namespace) -> int:
-    from pipeline.backtest import open_source, run_backtest
-
-    cfg.trainer.model = args.model or cfg.trainer.model
-    cfg.trainer.seed = args.seed
-    if args.attribution_window is not None:
-        cfg.joiner.attribution_window_s = args.attribution_window
-    sim = args.format == "simulator"
-    try:
-        source = open_source(cfg, args.format, args.source, seed=args.seed, impressions=args.impressions)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"ctr: {exc}", file=sys.stderr)
-        return 2
-    what = f"{args.impressions:,} simulated impressions" if sim else str(args.source)
-    title = f"{what} ({args.format}), {cfg.trainer.model}, a block every {cfg.trainer.train_every:,} examples"
-    extra = {"format": args.format, "source": "" if sim else str(args.source)}
-    if sim:
-        extra["impressions"] = args.impressions
-    run_backtest(cfg, source, args.out, title=title, seed=args.seed, extra=extra)
-    return 0
 
 
 def _deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

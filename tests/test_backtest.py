@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 from pipeline.backtest import BacktestResult, open_source, run_backtest
 from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
 from pipeline.cli import main
-from pipeline.config import Config
+from pipeline.config import Config, load_config
+from pipeline.simulator import Simulator
 from trainers.metrics import auc
 
 OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
@@ -163,3 +164,123 @@ def test_cli_backtest_of_a_criteo_file_writes_the_report_and_an_mlflow_run(
         "60",
     ]  # < 600 s delay cap
     assert main(["backtest", *too_short]) == 2
+
+
+# -- JSONL in another vocabulary, impressions and clicks in two files, mostly-dead inputs ----------
+VOCAB = {"type": "event_type", "user_id": "uid", "ts": "timestamp"}
+VALUES = {"impression": "imp", "click": "clk"}
+MAP_ARGS = [a for k, v in (*VOCAB.items(), *VALUES.items()) for a in ("--map", f"{k}={v}")]
+SMALL_ENV = {
+    "CTR_TRAINER_HASH_BUCKETS": "16384",
+    "CTR_TRAINER_DEVICE": "cpu",
+    "CTR_BACKTEST_BOOTSTRAP_RESAMPLES": "20",
+}
+
+
+def write_rows(rows: list[dict[str, object]], path: Path, garbage: tuple[bytes, ...] = ()) -> Path:
+    path.write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b"".join(g + b"\n" for g in garbage)
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One simulated stream (3,000 impressions, in time order) written four ways."""
+    cfg = drifting_config()
+    cfg.simulator.duplicate_rate = cfg.simulator.early_click_rate = 0.0
+    stream = sorted(Simulator(cfg.simulator, 5).stream(3_000), key=lambda r: (r[1]["ts"], r[0] == "click"))
+    d = tmp_path_factory.mktemp("logs")
+    (d / "split").mkdir()
+    other = [{VOCAB.get(k, k): v for k, v in {"type": VALUES[kind], **e}.items()} for kind, e in stream]
+    return {
+        "canonical": write_rows([{"type": kind, **e} for kind, e in stream], d / "canonical.jsonl"),
+        "other": write_rows(other, d / "other.jsonl", garbage=(b"{oops", b"[]")),  # 2 dead letters
+        "impressions": write_rows(
+            [e for kind, e in stream if kind == "impression"], d / "split" / "impressions.jsonl"
+        ),
+        "clicks": write_rows([e for kind, e in stream if kind == "click"], d / "split" / "clicks.jsonl"),
+    }
+
+
+def cli_backtest(source: Path, out: Path, *extra: str) -> int:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in SMALL_ENV.items():
+            mp.setenv(k, v)
+        args = ["--source", str(source), "--train-every", "1000", "--model", "lr", "--seed", "3"]
+        return main(["backtest", "--format", "jsonl", *args, "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def canonical_run(logs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("canonical")
+    assert cli_backtest(logs["canonical"], out) == 0
+    return out
+
+
+def test_a_log_tagged_event_type_backtests_with_map_like_the_canonical_one(
+    logs: dict[str, Path], canonical_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_backtest(logs["other"], tmp_path, *MAP_ARGS) == 0
+    assert "dead letters by reason: bad_json 1, not_an_object 1" in capsys.readouterr().out
+    a, b = (json.loads((out / "summary.json").read_text()) for out in (canonical_run, tmp_path))
+    assert b["examples"] == a["examples"] > 2_000 and b["events"] == a["events"] + 2
+    assert (b["dead_letters_by_reason"], a["dead_letters_by_reason"]) == (
+        {"bad_json": 1, "not_an_object": 1},
+        {},
+    )
+    assert (tmp_path / "metrics.csv").read_bytes() == (canonical_run / "metrics.csv").read_bytes()
+
+
+def test_without_the_map_the_backtest_fails_and_names_the_option(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_backtest(logs["other"], tmp_path) == 3
+    err = capsys.readouterr().err
+    assert "became dead letters" in err and "missing_field" in err and '{"event_type": "imp"' in err
+    assert "events look tagged 'event_type': pass --map type=event_type --map impression=imp" in err
+    assert "--map user_id=uid" in err and "--map ts=timestamp" in err and "--map click=clk" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["examples"] == 0 and summary["dead_letter_share"] == 1.0
+    assert sum(summary["dead_letters_by_reason"].values()) == summary["events"]
+
+
+def test_impression_and_click_files_give_the_examples_of_the_merged_file(
+    logs: dict[str, Path], canonical_run: Path, tmp_path: Path
+) -> None:
+    assert cli_backtest(logs["impressions"], tmp_path, "--clicks", str(logs["clicks"])) == 0
+    a, b = (json.loads((out / "summary.json").read_text()) for out in (canonical_run, tmp_path))
+    assert (b["examples"], b["events"], b["join_stats"]) == (a["examples"], a["events"], a["join_stats"])
+    assert (tmp_path / "metrics.csv").read_bytes() == (canonical_run / "metrics.csv").read_bytes()
+    # a folder of impression* and click* files is the same input
+    folder = open_source(Config(), "jsonl", logs["clicks"].parent, seed=0, impressions=0)
+    clicks = open_source(Config(), "jsonl", logs["impressions"], seed=0, impressions=0, clicks=logs["clicks"])
+    assert [e for b in folder.batches() for e in b] == [e for b in clicks.batches() for e in b]
+
+
+def test_the_map_as_a_config_field(logs: dict[str, Path]) -> None:
+    cfg = load_config(
+        env={"CTR_JSONL_MAP": "type=event_type,impression=imp,click=clk,user_id=uid,ts=timestamp"}
+    )
+    mapped = [e for b in open_source(cfg, "jsonl", logs["other"], seed=0, impressions=0).batches() for e in b]
+    canonical = [
+        e
+        for b in open_source(Config(), "jsonl", logs["canonical"], seed=0, impressions=0).batches()
+        for e in b
+    ]
+    assert [(e.kind, e.value) for e in mapped[:-2]] == [(e.kind, e.value) for e in canonical]
+    with pytest.raises(ValueError, match="unknown canonical name 'uid'"):
+        open_source(
+            load_config(env={"CTR_JSONL_MAP": "uid=user_id"}), "jsonl", logs["other"], seed=0, impressions=0
+        )
+
+
+@pytest.mark.slow
+def test_replay_without_the_map_exits_3_and_names_it(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {**SMALL_ENV, "CTR_TRAINER_MODEL": "lr"}.items():
+            mp.setenv(k, v)
+        rc = main(["replay", "--source", str(logs["other"]), "--train-every", "1000", "--out", str(tmp_path)])
+    assert rc == 3 and "pass --map type=event_type" in capsys.readouterr().err

@@ -1,0 +1,136 @@
+"""`ctr backtest` and `ctr replay` (:mod:`pipeline.cli` dispatches here): JSONL input options, exit status.
+
+Both exit :data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` when more than half the events
+became dead letters, printing the top reasons, an example line and the ``--map`` that would read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.dead_letter_check import EXIT_MOSTLY_DEAD, Diagnosis, diagnose, read_dead_letters
+from pipeline.jsonl_mapping import JsonlMapping
+from pipeline.types import Clock, RawEvent, Source
+
+__all__ = ["add_input_arguments", "apply_input_options", "backtest", "dead_letter_status", "replay"]
+
+
+def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
+    """``--map-file`` replaces ``jsonl.map_file``; ``--map`` pairs come after ``jsonl.map``'s."""
+    if args.format != "jsonl" and (args.map or args.map_file):
+        raise ValueError(f"--map and --map-file are for --format jsonl, not {args.format}")
+    if args.map_file is not None:
+        cfg.jsonl.map_file = str(args.map_file)
+    cfg.jsonl.map = (*cfg.jsonl.map, *args.map)
+
+
+def backtest(cfg: Config, args: argparse.Namespace) -> int:
+    from pipeline.backtest import open_source, run_backtest
+
+    cfg.trainer.model = args.model or cfg.trainer.model
+    cfg.trainer.seed = args.seed
+    if args.attribution_window is not None:
+        cfg.joiner.attribution_window_s = args.attribution_window
+    sim = args.format == "simulator"
+    try:
+        apply_input_options(cfg, args)
+        source = open_source(
+            cfg, args.format, args.source, seed=args.seed, impressions=args.impressions, clicks=args.clicks
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ctr: {exc}", file=sys.stderr)
+        return 2
+    what = f"{args.impressions:,} simulated impressions" if sim else str(args.source)
+    title = f"{what} ({args.format}), {cfg.trainer.model}, a block every {cfg.trainer.train_every:,} examples"
+    extra = {"format": args.format, "source": "" if sim else str(args.source)}
+    if sim:
+        extra["impressions"] = args.impressions
+    if args.clicks is not None:
+        extra["clicks"] = str(args.clicks)
+    result = run_backtest(cfg, source, args.out, title=title, seed=args.seed, extra=extra)
+    assert result.dead_letters is not None
+    return dead_letter_status("backtest", result.dead_letters, args.out / "dead_letters.jsonl")
+
+
+def add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """The JSONL input options of `ctr backtest` and `ctr replay` (pipeline/jsonl_mapping.py)."""
+    p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="CANONICAL=RAW",
+        help="JSONL: rename at read time, repeatable: type=event_type (the tag), impression=imp, "
+        "click=clk (its values), user_id=uid, ts=timestamp (fields); adds to [jsonl] map",
+    )
+    p.add_argument("--map-file", type=Path, help='JSONL: the same as a JSON object {"type": "event_type"}')
+    p.add_argument(
+        "--clicks",
+        type=Path,
+        help="JSONL file or folder of clicks, merged on event time with --source's impressions "
+        "(a --source folder of impression*.jsonl and click*.jsonl files does the same)",
+    )
+
+
+def replay(cfg: Config, args: argparse.Namespace) -> int:
+    from pipeline.backtest import open_source
+    from pipeline.runner import run_embedded
+
+    try:
+        apply_input_options(cfg, args)
+        source = open_source(cfg, args.format, args.source, seed=0, impressions=0, clicks=args.clicks)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ctr: {exc}", file=sys.stderr)
+        return 2
+    title = f"replay of {args.source} ({args.format}), a block every {cfg.trainer.train_every:,} examples"
+    extra = {"source": str(args.source), "format": args.format}
+    counted = _Counted(source)
+    path = args.out / "dead_letters.jsonl"
+    try:
+        run_embedded(cfg, counted, args.out, title, extra=extra)
+    except RuntimeError:  # no examples, so no model for the replicas' probe: say why, if that is why
+        verdict = _replay_verdict(cfg, args, counted.events, path)
+        if not verdict.failed:
+            raise
+        return dead_letter_status("replay", verdict, path)
+    verdict = _replay_verdict(cfg, args, counted.events, path)
+    if verdict.dead:
+        print(f"dead letters by reason: {verdict.reasons_line()}")
+    return dead_letter_status("replay", verdict, path)
+
+
+def _replay_verdict(cfg: Config, args: argparse.Namespace, events: int, path: Path) -> Diagnosis:
+    reasons, samples = read_dead_letters(path, count=True)
+    return diagnose(events, reasons, samples, JsonlMapping.from_config(cfg.jsonl))
+
+
+class _Counted:
+    """``source``, counting the events it delivers (for the verdict, even when the run fails)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source, self.events = source, 0
+
+    @property
+    def clock(self) -> Clock:
+        return self.source.clock
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.source.snapshot()
+
+    def batches(self) -> Iterator[list[RawEvent]]:
+        for batch in self.source.batches():
+            self.events += len(batch)
+            yield batch
+
+
+def dead_letter_status(command: str, verdict: Diagnosis, path: Path) -> int:
+    """0, or :data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` with the reasons and a fix."""
+    if not verdict.failed:
+        return 0
+    for line in verdict.lines(path):
+        print(f"ctr {command}: {line}", file=sys.stderr)
+    return EXIT_MOSTLY_DEAD
