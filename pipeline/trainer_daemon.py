@@ -49,6 +49,9 @@ _T = TypeVar("_T")
 # What an MLflow server that is away or failing looks like to its client: connection errors and
 # timeouts (requests' are OSErrors) and error answers (MlflowException, RestException included).
 REGISTRY_OUTAGES = (MlflowException, OSError)
+# ... except answers no retry can change (no such version or alias): raised at once, or a bad
+# set_alias or load would be retried forever (found by pipeline.checks.check_model_store).
+_NOT_OUTAGES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def lineage_key(lineage: Mapping[str, Any]) -> str:
@@ -86,8 +89,8 @@ class IdempotentStore:
         while True:  # the MLflow server may be down: keep the pending block until it is back
             try:
                 return call()
-            except REGISTRY_OUTAGES:  # anything else is a bug: fail loudly, never retry it forever
-                if self.daemon.stopping:
+            except REGISTRY_OUTAGES as exc:  # anything else is a bug: fail loudly, never retry it forever
+                if self.daemon.stopping or getattr(exc, "error_code", None) in _NOT_OUTAGES:
                     raise
                 self.daemon.registry_failures[what] += 1
                 log.warning("trainer: MLflow %s failed; retrying in %.0fs", what, delay, exc_info=True)
