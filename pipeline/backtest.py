@@ -72,6 +72,8 @@ class LocalVersions:
         return str(self.count)
 
     def set_alias(self, alias: str, version: str) -> None:
+        if not (str(version).isdigit() and 1 <= int(version) <= self.count):
+            raise KeyError(f"LocalVersions: no version {version!r} (published: 1..{self.count})")
         self.aliases[alias] = version
 
     def resolve(self, alias: str) -> str | None:
