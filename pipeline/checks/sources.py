@@ -140,7 +140,6 @@ def raw_event_positions(batch: Any) -> list[Position]:
 
 
 def _drain(
-    impl: str,
     src: Any,
     until: int,
     positions: Callable[[Any], list[Position]],
@@ -198,14 +197,14 @@ def check_group_source(
         try:
             if seek is not None:
                 src.seek(seek)
-            return _drain(impl, src, until, positions, timeout_s, idle_polls)
+            return _drain(src, until, positions, timeout_s, idle_polls)
         finally:
             src.close()
 
     probe = make_source(g_seek)
     impl = impl_name(probe, name)
     try:
-        full = _drain(impl, probe, expected, positions, timeout_s, idle_polls)
+        full = _drain(probe, expected, positions, timeout_s, idle_polls)
     finally:
         probe.close()  # nothing committed: g_seek stays a group that never committed
     whole = _by_partition(full)

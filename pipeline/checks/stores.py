@@ -3,6 +3,7 @@ back the model that was published (or, for a store that keeps no weights, a clea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -58,9 +59,9 @@ def check_model_store(
             "parent_version": versions[-1] if versions else None,
             "position": {"check": i},
         }
-        v = model_version = store.publish(model, lineage, {"auc": 0.5 + i / 10, "logloss": 0.4})
+        v = store.publish(model, lineage, {"auc": 0.5 + i / 10, "logloss": 0.4})
         if not isinstance(v, str) or not v:
-            fail(impl, "publish returns a version id (str)", f"returned {model_version!r}")
+            fail(impl, "publish returns a version id (str)", f"returned {v!r}")
         if v in versions:
             fail(impl, "publish returns a new version id each time", f"{v!r} again after {versions}")
         versions.append(v)
@@ -101,7 +102,7 @@ def check_model_store(
                     )
                 continue
             fail(impl, "a store without weights raises KeyError on load", f"load({v!r}) returned")
-        got_p = predict(within(timeout_s, lambda v=v: store.load(v), impl, "load returns promptly"))  # type: ignore[misc]
+        got_p = predict(within(timeout_s, functools.partial(store.load, v), impl, "load returns promptly"))
         if got_p.shape != want.shape or not np.allclose(got_p, want, rtol=0.0, atol=1e-9):
             diff = float(np.max(np.abs(got_p - want))) if got_p.shape == want.shape else got_p.shape
             fail(impl, "load(v) predicts as the model published as v", f"version {v}: max difference {diff}")
