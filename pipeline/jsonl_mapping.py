@@ -109,23 +109,26 @@ class JsonlMapping:
 
     def tag_of(self, obj: Mapping[str, Any]) -> str | None:
         """The name of ``obj``'s type tag, or None if it has none."""
-        return next((t for t in self.tags if t in obj), None)
+        for tag in self.tags:
+            if tag in obj:
+                return tag
+        return None
 
     def apply(self, obj: dict[str, Any]) -> tuple[EventKind | None, dict[str, Any]]:
         """``(kind, renamed obj without its tag)``; kind None: no tag, or a value not mapped (the
         tag is then kept, for the validator to reject the line with ``unknown_field``)."""
         tag = self.tag_of(obj)
-        kind: EventKind | None = None
-        if tag is not None:
-            kind = self.kinds.get(obj[tag]) if isinstance(obj[tag], str) else None
-            if kind is not None:
-                obj = {k: v for k, v in obj.items() if k != tag}
-        if self.fields:
-            renamed: dict[str, Any] = {}
-            for k, v in obj.items():
-                name = self.fields.get(k, k)
-                if name != k and (name in obj or name in renamed):
-                    name = k  # it would overwrite a field present: left for the validator to reject
-                renamed[name] = v
-            obj = renamed
-        return kind, obj
+        kind = self.kinds.get(obj[tag]) if tag is not None and isinstance(obj[tag], str) else None
+        drop = tag if kind is not None else None  # an unmapped tag stays, for the validator
+        if not self.fields:
+            return kind, obj if drop is None else {k: v for k, v in obj.items() if k != drop}
+        renamed: dict[str, Any] = {}
+        fields = self.fields
+        for k, v in obj.items():
+            if k == drop:
+                continue
+            name = fields.get(k, k)
+            if name != k and (name in obj or name in renamed):
+                name = k  # it would overwrite a field present: left for the validator to reject
+            renamed[name] = v
+        return kind, renamed

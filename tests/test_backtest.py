@@ -284,3 +284,31 @@ def test_replay_without_the_map_exits_3_and_names_it(
             mp.setenv(k, v)
         rc = main(["replay", "--source", str(logs["other"]), "--train-every", "1000", "--out", str(tmp_path)])
     assert rc == 3 and "pass --map type=event_type" in capsys.readouterr().err
+
+
+def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
+    from pipeline.dead_letter_check import diagnose
+    from pipeline.jsonl_mapping import JsonlMapping
+
+    imp = {"impression_id": "i1", "ts": 1_767_225_600_000, "user_id": "u", "item_id": "a"}
+
+    def letter(reason: str, obj: dict[str, object]) -> dict[str, object]:
+        return {"reason": reason, "detail": "", "raw": json.dumps(obj), "source": "log.jsonl", "offset": 0}
+
+    # the reported case: canonical fields and values, the tag under another name
+    d = diagnose(
+        308_155, {"unknown_field": 308_155}, [letter("unknown_field", {"event_type": "impression", **imp})]
+    )
+    assert d.failed and d.suggested == ["type=event_type"]
+    assert "events look tagged 'event_type': pass --map type=event_type" in "\n".join(d.lines())
+    # the tag is mapped but a value is not: the value's kind is guessed, or both are offered
+    mapped = JsonlMapping.parse(["type=kind"])
+    samples = [
+        letter("unknown_field", {"kind": "imp", **imp}),
+        letter("unknown_field", {"kind": "x9", **imp}),
+    ]
+    d = diagnose(10, {"unknown_field": 10}, samples, mapped)
+    assert d.suggested == ["impression=imp"] and any("--map click=x9" in h for h in d.hints)
+    # under half: not failed, the reasons still counted; epoch seconds get their own hint
+    d = diagnose(10, {"ts_too_old": 4}, [letter("ts_too_old", {**imp, "ts": 1_767_225_600})])
+    assert not d.failed and d.by_reason == {"ts_too_old": 4} and "epoch seconds" in d.hints[0]
