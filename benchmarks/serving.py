@@ -76,8 +76,8 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
     from features.aggregations import StreamingFeatures
     from features.store import FeatureWriter, open_store
     from pipeline.config import Config, FeatureConfig
-    from pipeline.events import Pseudonymizer
     from pipeline.partition_task import item_shard_key
+    from pipeline.pseudonyms import Pseudonymizer
     from serving_bridge.server import kafka_partition
 
     cfg = Config()

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
 from pipeline.config import Config
-from pipeline.events import Pseudonymizer
 from pipeline.partitioning import partition_of
+from pipeline.pseudonyms import Pseudonymizer
 from pipeline.sinks import JsonlDeadLetters
 from serving_bridge.fleet import Fleet
 from serving_bridge.replica import Replica

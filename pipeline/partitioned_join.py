@@ -24,12 +24,13 @@ from typing import Protocol
 from features.aggregations import FeatureRow
 from pipeline.config import Config
 from pipeline.entered_time import EnteredTime
-from pipeline.events import DeadLetter, LabelledExample, Validator
+from pipeline.events import DeadLetter, LabelledExample
 from pipeline.example_merge import ExampleMerge
 from pipeline.joiner import JoinStats
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioning import KeyHashes
 from pipeline.types import Clock, RawEvent
+from pipeline.validation import Validator
 
 __all__ = ["PartitionedJoin"]
 

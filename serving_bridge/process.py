@@ -10,7 +10,7 @@ from typing import Any
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.checkpoints import file_lock
 from pipeline.config import Config
-from pipeline.events import Pseudonymizer
+from pipeline.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica

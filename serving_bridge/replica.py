@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.events import Impression, Pseudonymizer
+from pipeline.events import Impression
 from pipeline.partition_task import item_shard_key
+from pipeline.pseudonyms import Pseudonymizer
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from pipeline.config import TrainerConfig
-from pipeline.events import LabelledExample, Pseudonymizer
+from pipeline.events import LabelledExample
+from pipeline.pseudonyms import Pseudonymizer
 from serving_bridge.replica import Replica
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.config import ValidationConfig
+import dataclasses
+
+from pipeline.config import Config
 from pipeline.entered_time import EnteredTime
 from pipeline.events import DeadLetter
+from pipeline.partitioned_join import PartitionedJoin
 from pipeline.types import ManualClock, RawEvent
-from pipeline.validation_stage import ValidationStage
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000
@@ -18,7 +20,14 @@ class Letters(list[DeadLetter]):
 
 
 def impression(i: int, ts: int) -> RawEvent:
-    return RawEvent("impression", {"impression_id": f"i{i}", "ts": ts, "user_id": "u", "item_id": "a"}, "f")
+    value = {"impression_id": f"i{i}", "ts": ts, "user_id": "u", "item_id": "a"}
+    return RawEvent("impression", value, "f", key=b"u")
+
+
+def one_partition() -> Config:
+    cfg = Config()
+    cfg.kafka = dataclasses.replace(cfg.kafka, partitions=1)
+    return cfg
 
 
 def test_gaps_of_hours_and_weeks_replay_without_dead_letters() -> None:
@@ -26,10 +35,11 @@ def test_gaps_of_hours_and_weeks_replay_without_dead_letters() -> None:
     ts += [ts[-1] + 2 * HOUR + i * 1_000 for i in range(200)]  # a 2-hour gap
     ts += [ts[-1] + 30 * 24 * HOUR + i * 1_000 for i in range(200)]  # a month-long gap
     letters = Letters()
-    stage = ValidationStage(ValidationConfig(), ManualClock(T0), letters)
+    join = PartitionedJoin(one_partition(), ManualClock(T0), letters)
     events = [impression(i, t) for i, t in enumerate(ts)]
-    valid = [e for b in range(0, len(events), 64) for e in stage(events[b : b + 64])]  # batch edges too
-    assert not letters and len(valid) == len(ts)
+    for b in range(0, len(events), 64):  # batch edges too
+        join.step(events[b : b + 64])
+    assert not letters and len(join.finish()) == len(ts)
 
 
 def test_corrupt_timestamps_are_refused_among_good_neighbours() -> None:
@@ -37,8 +47,8 @@ def test_corrupt_timestamps_are_refused_among_good_neighbours() -> None:
     ts[100] = T0 + 400 * 24 * HOUR  # a year ahead (milliseconds as microseconds, say)
     ts[200] = T0 - 90 * 24 * HOUR  # three months behind
     letters = Letters()
-    stage = ValidationStage(ValidationConfig(), ManualClock(0), letters)
-    stage([impression(i, t) for i, t in enumerate(ts)])
+    join = PartitionedJoin(one_partition(), ManualClock(0), letters)
+    join.step([impression(i, t) for i, t in enumerate(ts)])
     assert sorted(d.reason for d in letters) == ["ts_in_future", "ts_too_old"]
 
 

@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import ValidationConfig
-from pipeline.events import REASONS, Click, DeadLetter, Impression, LabelledExample, Pseudonymizer, Validator
+from pipeline.events import REASONS, Click, DeadLetter, Impression, LabelledExample
+from pipeline.pseudonyms import Pseudonymizer
 from pipeline.types import ManualClock, RawEvent
+from pipeline.validation import Validator
 
 NOW = 1_767_225_600_000
 GOOD_IMP = {

@@ -9,12 +9,13 @@ import random
 import pytest
 
 from pipeline.config import Config
-from pipeline.events import DeadLetter, LabelledExample, Validator
+from pipeline.events import DeadLetter, LabelledExample
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioned_join import PartitionedJoin
 from pipeline.partitioning import partition_of
 from pipeline.simulator import Simulator
 from pipeline.types import ManualClock, RawEvent
+from pipeline.validation import Validator
 
 
 class Letters(list[DeadLetter]):

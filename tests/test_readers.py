@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from pipeline.config import SimulatorConfig, ValidationConfig
-from pipeline.events import Click, DeadLetter, Impression, Validator
+from pipeline.events import Click, DeadLetter, Impression
 from pipeline.parquet_source import ParquetSource, write_parquet
 from pipeline.readers import CRITEO_START_MS, ClickDelay, CriteoTsvSource, ObdCsvSource
 from pipeline.simulator import Simulator
 from pipeline.types import RawEvent, Source
+from pipeline.validation import Validator
 
 OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
 needs_obd = pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")

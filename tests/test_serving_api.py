@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.config import ConfigError, ServingConfig, load_config
-from pipeline.events import Pseudonymizer
+from pipeline.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter, arm_of
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica

@@ -11,11 +11,12 @@ import pytest
 
 from pipeline.avazu_source import AvazuCsvSource, avazu_hour_to_ms
 from pipeline.config import SimulatorConfig, ValidationConfig
-from pipeline.events import Click, DeadLetter, Impression, Validator
+from pipeline.events import Click, DeadLetter, Impression
 from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.simulator import Simulator, write_jsonl
 from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
 from pipeline.types import RawEvent, Source
+from pipeline.validation import Validator
 
 AVAZU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "avazu_first_hour"
 AVAZU = AVAZU_DIR / "avazu_train_first_9999.csv"

@@ -31,8 +31,8 @@ from mlflow import MlflowClient
 from features.aggregations import StreamingFeatures
 from features.store import FeatureWriter, open_store
 from pipeline.config import Config, FeatureConfig, RegistryConfig
-from pipeline.events import Pseudonymizer
 from pipeline.partition_task import item_shard_key
+from pipeline.pseudonyms import Pseudonymizer
 from serving_bridge.server import NOTIFY_CHANNEL, kafka_partition
 from trainers.registry import MlflowModelStore
 from trainers.testing import tiny_learner
