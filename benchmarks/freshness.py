@@ -173,7 +173,6 @@ def env_for(
         "CTR_REGISTRY_MODEL_NAME": f"fresh-model-{tag}",
         "CTR_REGISTRY_EXPERIMENT": f"fresh-exp-{tag}",
         "CTR_TRAINER_TRAIN_EVERY": str(train_every),
-        "CTR_VALIDATION_MAX_PAST_AGE_S": "1e10",  # the simulated stream is dated 2026-01-01
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
 

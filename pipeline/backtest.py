@@ -31,6 +31,7 @@ from pipeline import backtest_report as report
 from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import Config
 from pipeline.dead_letter_check import Diagnosis, diagnose, read_dead_letters
+from pipeline.events import LabelledExample
 from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.loop import OnlineLoop
 from pipeline.parquet_source import ParquetSource
@@ -169,8 +170,13 @@ def run_backtest(
     quiet: bool = False,
     mlflow_run: bool = True,
     extra: dict[str, Any] | None = None,
+    examples_out: Path | None = None,
 ) -> BacktestResult:
-    """Replay ``source`` through :class:`OnlineLoop` with the three learners; write the report."""
+    """Replay ``source`` through :class:`OnlineLoop` with the three learners; write the report.
+
+    ``examples_out``: also write every labelled example there (JSONL, the bytes the joiner daemon
+    puts on Kafka), in the order the trainer takes them.
+    """
     out.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     wall0 = time.perf_counter()
@@ -205,6 +211,12 @@ def run_backtest(
 
     (out / "dead_letters.jsonl").unlink(missing_ok=True)
     dead = JsonlDeadLetters(out / "dead_letters.jsonl")
+    examples_file = examples_out.open("wb") if examples_out is not None else None
+
+    def on_examples(examples: list[LabelledExample]) -> None:
+        assert examples_file is not None
+        examples_file.writelines(ex.to_json() + b"\n" for ex in examples)
+
     loop = OnlineLoop(
         cfg,
         source,
@@ -212,6 +224,7 @@ def run_backtest(
         dead,
         on_block=lambda t: on_report(t.report),
         on_progress=progress.update,
+        on_examples=on_examples if examples_file is not None else None,
     )
     say(f"backtest: {title}; output in {out}")
     try:
@@ -221,6 +234,8 @@ def run_backtest(
     finally:
         progress.close()
         dead.close()
+        if examples_file is not None:
+            examples_file.close()
     loop_s = time.perf_counter() - wall0
     verdict = _verdict(cfg, result.events, dict(dead.by_reason), out / "dead_letters.jsonl")
     summary: dict[str, Any] = {

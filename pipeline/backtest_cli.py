@@ -52,7 +52,9 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
         extra["impressions"] = args.impressions
     if args.clicks is not None:
         extra["clicks"] = str(args.clicks)
-    result = run_backtest(cfg, source, args.out, title=title, seed=args.seed, extra=extra)
+    result = run_backtest(
+        cfg, source, args.out, title=title, seed=args.seed, extra=extra, examples_out=args.examples_out
+    )
     assert result.dead_letters is not None
     return dead_letter_status("backtest", result.dead_letters, args.out / "dead_letters.jsonl")
 

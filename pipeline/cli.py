@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
     b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
     b.add_argument("--out", type=Path, default=Path("runs/backtest"))
+    b.add_argument(
+        "--examples-out", type=Path, help="also write every labelled example, in training order, as JSONL"
+    )
     add_input_arguments(b)
 
     st = sub.add_parser("status", help="services, lag, throughput, models and replicas on one screen")

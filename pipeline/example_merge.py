@@ -24,47 +24,65 @@ daemons, whatever their batch sizes, cut the same blocks from the same examples.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from pipeline.events import LabelledExample
 
 __all__ = ["ExampleMerge"]
 
 
-def _key(ex: LabelledExample, partition: int) -> tuple[int, str, int]:
-    return ex.impression.ts, ex.impression.impression_id, partition
+def _key(item: tuple[LabelledExample, Any], partition: int) -> tuple[int, str, int]:
+    imp = item[0].impression
+    return imp.ts, imp.impression_id, partition
 
 
 class ExampleMerge:
-    """A ``partitions``-way merge of example sequences; see the module docstring."""
+    """A ``partitions``-way merge of example sequences; see the module docstring.
+
+    Each example may carry a tag (the daemon's Kafka offset), given back by :meth:`pop_tagged`.
+    """
 
     def __init__(self, partitions: int) -> None:
         if partitions < 1:
             raise ValueError(f"ExampleMerge: partitions must be >= 1, got {partitions}")
-        self.queues: list[deque[LabelledExample]] = [deque() for _ in range(partitions)]
+        self.queues: list[deque[tuple[LabelledExample, Any]]] = [deque() for _ in range(partitions)]
 
-    def offer(self, partition: int, examples: Iterable[LabelledExample]) -> None:
-        """Append ``examples`` (in the partition's own order) to ``partition``'s sequence."""
-        self.queues[partition].extend(examples)
+    def offer(self, partition: int, examples: Iterable[LabelledExample], tags: Iterable[Any] = ()) -> None:
+        """Append ``examples`` (in the partition's own order, with their ``tags``) to ``partition``'s."""
+        self.queues[partition].extend(itertools.zip_longest(examples, tags))
 
     def pop(self, done: Callable[[int], bool] = lambda p: False) -> list[LabelledExample]:
         """Every example whose place in the merged order is final; ``done(p)``: nothing more from p."""
+        return [ex for ex, _, _ in self.pop_tagged(done)]
+
+    def pop_tagged(
+        self, done: Callable[[int], bool] = lambda p: False
+    ) -> list[tuple[LabelledExample, int, Any]]:
+        """:meth:`pop`, each example with its partition and tag."""
         queues = self.queues
         if any(not q and not done(p) for p, q in enumerate(queues)):
             return []
         heap = [_key(q[0], p) for p, q in enumerate(queues) if q]
         heapq.heapify(heap)
-        out: list[LabelledExample] = []
+        out: list[tuple[LabelledExample, int, Any]] = []
         while heap:
             p = heapq.heappop(heap)[2]
             q = queues[p]
-            out.append(q.popleft())
+            ex, tag = q.popleft()
+            out.append((ex, p, tag))
             if q:
                 heapq.heappush(heap, _key(q[0], p))
             elif not done(p):
                 break  # p may still bring an example that sorts before the other heads
         return out
+
+    def clear(self) -> None:
+        """Forget everything buffered (the daemon's consumer rewound: it is read again)."""
+        for q in self.queues:
+            q.clear()
 
     @property
     def buffered(self) -> int:

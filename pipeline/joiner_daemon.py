@@ -33,13 +33,14 @@ from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.dead_letter_alarm import DeadLetterAlarm
-from pipeline.events import DeadLetter, Validator
+from pipeline.events import DeadLetter
 from pipeline.joiner import click_outcomes
 from pipeline.kafka_io import KafkaEventSource, KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioning import partition_of
 from pipeline.types import RawEvent, WallClock
+from pipeline.validation import Validator
 
 __all__ = ["JoinerDaemon"]
 
@@ -98,6 +99,12 @@ class JoinerDaemon:
                 "and clicks must share a partition number: give both topics the same count"
             )
         n = next(iter(counts.values()))
+        examples = self.source.partition_count(k.examples_topic)
+        if examples != n:
+            raise ValueError(
+                f"joiner: the examples topic {k.examples_topic!r} has {examples} partitions, the input "
+                f"topics {n}: partition p's examples go to partition p; give it {n} partitions"
+            )
         return lambda user_id: partition_of(user_id, n)
 
     # -- tasks -----------------------------------------------------------------------------------
@@ -243,8 +250,8 @@ class JoinerDaemon:
         self.alarm.letter(letter)
 
     def _emit(self, task: PartitionTask) -> None:
-        for ex in task.drain():
-            self.examples.send(ex.impression.user_id.encode(), ex.to_json())
+        for ex in task.drain():  # task p's examples on partition p, in its order (see example_merge)
+            self.examples.send(ex.impression.user_id.encode(), ex.to_json(), partition=task.partition)
             self.counters["examples"] += 1
         for rej in task.joiner.drain_rejected():
             raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)

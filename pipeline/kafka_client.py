@@ -90,7 +90,7 @@ def kafka_client_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
         kw.update(
             sasl_mechanism=mechanism,
             sasl_plain_username=cfg.sasl_username,
-            sasl_plain_password=cfg.sasl_password,
+            sasl_plain_password=cfg.sasl_password.get_secret_value(),
         )
     elif mechanism:
         raise ValueError(
@@ -207,16 +207,24 @@ class KafkaSink:
         )
 
     def send(
-        self, key: bytes | None, value: bytes, topic: str | None = None, timestamp_ms: int | None = None
+        self,
+        key: bytes | None,
+        value: bytes,
+        topic: str | None = None,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
     ) -> None:
         """Enqueue one record (to ``topic`` if given, else the sink's topic).
 
         ``timestamp_ms``: the record's CreateTime (default: now), e.g. a replayed event's entry time.
+        ``partition``: this partition, not the key's (the joiner writes task p's examples to p).
         """
         if self._producer is None:  # the last one failed (broker away): connect again now
             self._producer = self._new_producer()
         try:
-            future = self._producer.send(topic or self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
+            future = self._producer.send(
+                topic or self.topic, key=key, value=value, timestamp_ms=timestamp_ms, partition=partition
+            )
             self._window.append(future)
         except KafkaTimeoutError as exc:
             raise KafkaSinkError(

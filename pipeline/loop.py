@@ -66,6 +66,7 @@ class OnlineLoop:
     notifier: Notifier | None = None
     on_block: Callable[[BlockTiming], None] | None = None
     on_progress: Callable[[int], None] | None = None
+    on_examples: Callable[[list[LabelledExample]], None] | None = None  # each batch of examples, in order
 
     def __post_init__(self) -> None:
         self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters)
@@ -104,6 +105,8 @@ class OnlineLoop:
     def _hand_over(self, examples: list[LabelledExample]) -> None:
         if not examples:
             return
+        if self.on_examples is not None:
+            self.on_examples(examples)
         self.result.examples += len(examples)
         position = self.source.snapshot()
         while examples:

@@ -10,12 +10,18 @@ Exactly-once effect:
   the two (or an MLflow server that is down) ends in exactly one version once it is back;
 - on restart the trainer seeks to the checkpoint's offsets and re-reads what came after it.
 
+Blocks are cut in :class:`~pipeline.example_merge.ExampleMerge` order (the joiner writes partition
+task p's examples to partition p): an example is taken only when every partition has one buffered
+or is idle (silent ``daemon.idle_merge_s`` and read to its end), so the blocks, like ``ctr
+backtest``'s of the same stream, do not depend on how the partitions' fetches interleaved.
+
 After moving the alias, the trainer announces it on Redis so replicas swap without waiting for
 their next poll.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -34,6 +40,7 @@ from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
 from pipeline.events import LabelledExample
+from pipeline.example_merge import ExampleMerge
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from serving_bridge.server import NOTIFY_CHANNEL
@@ -144,8 +151,15 @@ class TrainerDaemon:
         self.block_closed_at = 0.0  # wall time the last block's last example was read
         self.seen: dict[str, int] = meta.get("seen", {})
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
-        self.source = KafkaExampleSource(k, group_id=f"{k.group_id_prefix}-trainer")
+        self.source = KafkaExampleSource(
+            k, group_id=f"{k.group_id_prefix}-trainer", on_revoke=self._on_revoke
+        )
         self.source.seek(self.pos)
+        self.merge = ExampleMerge(self.source.partition_count(self.source.topic))
+        self._offered: dict[str, int] = {}  # per partition, offsets below this are in the merge already
+        self._arrived: dict[int, float] = {}  # per partition, when an example last arrived
+        self._lag: dict[str, int] = {}
+        self._lag_at = 0.0
         self.dead = KafkaSink(k, k.dead_letter_topic)
         self.metrics = Registry()
         self.metrics.on_scrape(self._collect_metrics)
@@ -229,10 +243,10 @@ class TrainerDaemon:
                     self.dead.write(letter)
                     self.counters["dead_letters"] += 1
                     self.dead_reasons[letter.reason] += 1
+                self._offer(batch.examples, batch.where, now)
                 fresh: list[LabelledExample] = []  # handed to the trainer a block boundary at a time
-                for ex, (tp, offset) in zip(batch.examples, batch.where, strict=True):
-                    if offset < self.pos.get(tp, 0):
-                        continue  # before our checkpoint: a rewind re-delivered it
+                for ex, p, offset in self.merge.pop_tagged(functools.partial(self._idle, now=now)):
+                    tp = f"{self.source.topic}:{p}"
                     self.pos[tp] = offset + 1
                     if ex.example_id in self.seen:
                         self.counters["duplicates"] += 1  # the joiner replayed it after a restart
@@ -250,12 +264,45 @@ class TrainerDaemon:
                 self.trainer.add(fresh)  # fewer than a block: buffered (and encoded) now
                 if batch.dead:
                     self.dead.flush()
-                if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
+                idle = max_idle_s is not None and now - last_input >= max_idle_s and not self.merge.buffered
+                if idle and caught_up(self.source):
                     break
         finally:
             self.source.close()
             self.dead.close()
         return self.counters
+
+    def _offer(self, examples: list[LabelledExample], where: list[tuple[str, int]], now: float) -> None:
+        """Queue a poll's examples in the merge, each partition's in its order, each offset once."""
+        by_partition: dict[int, tuple[list[LabelledExample], list[int]]] = {}
+        for ex, (tp, offset) in zip(examples, where, strict=True):
+            if offset < max(self.pos.get(tp, 0), self._offered.get(tp, 0)):
+                continue  # before our checkpoint, or queued already: a rewind re-delivered it
+            self._offered[tp] = offset + 1
+            p = int(tp.rsplit(":", 1)[1])
+            exs, offs = by_partition.setdefault(p, ([], []))
+            exs.append(ex)
+            offs.append(offset)
+            self._arrived[p] = now
+        for p, (exs, offs) in by_partition.items():
+            self.merge.offer(p, exs, offs)
+
+    def _idle(self, partition: int, now: float) -> bool:
+        """Nothing more from ``partition`` for now: silent ``idle_merge_s`` and read to its end."""
+        if now - self._arrived.get(partition, 0.0) < self.cfg.daemon.idle_merge_s:
+            return False
+        if now - self._lag_at > 0.5:  # one lag request per half second, not per partition
+            try:
+                self._lag = self.source.lag()
+            except Exception:  # no answer from the broker: assume a backlog, i.e. keep waiting
+                self._lag = {}
+            self._lag_at = now
+        return self._lag.get(f"{self.source.topic}:{partition}", 1) == 0
+
+    def _on_revoke(self) -> None:
+        """A rebalance rewound the source to the commits: what the merge holds is read again."""
+        self.merge.clear()
+        self._offered.clear()
 
     def _block_done(self, report: Any) -> None:
         if report.alias_moved:
@@ -288,8 +335,9 @@ class TrainerDaemon:
         )
 
     def _prune_seen(self, newest_ts: int) -> None:
-        """Forget ids far older than anything a joiner replay can re-send."""
-        horizon = newest_ts - int(2 * (self.cfg.joiner.attribution_window_s + 3_600) * 1000)
+        """Forget ids far older than anything a joiner replay can re-send (the joiner's own horizon)."""
+        j = self.cfg.joiner
+        horizon = newest_ts - int(2 * (j.attribution_window_s + j.dedup_horizon_s) * 1000)
         self.seen = {k: ts for k, ts in self.seen.items() if ts >= horizon}
 
     # -- metrics ---------------------------------------------------------------------------------

@@ -99,7 +99,6 @@ class Run:
             "CTR_TRAINER_TRAIN_EVERY": "60000",
             "CTR_TRAINER_HASH_BUCKETS": str(1 << 18),
             "CTR_TRAINER_THREADS": "1",
-            "CTR_VALIDATION_MAX_PAST_AGE_S": "1e10",  # the simulated stream is dated 2026-01-01
             "CTR_SERVING_POLL_INTERVAL_S": "0.5",
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
             **extra,

@@ -154,7 +154,6 @@ class Deployment:
             "CTR_TRAINER_TRAIN_EVERY": "4000",
             "CTR_TRAINER_HASH_BUCKETS": str(1 << 16),
             "CTR_TRAINER_THREADS": "1",
-            "CTR_VALIDATION_MAX_PAST_AGE_S": "1e10",  # the simulated stream is dated 2026-01-01
             "CTR_DAEMON_JOINER_METRICS_PORT": str(self.metrics_port),
             "CTR_DAEMON_TRAINER_METRICS_PORT": str(self.metrics_port + 1),
         }
@@ -306,6 +305,8 @@ def test_joiner_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, n
         lag = series(m, "ctr_consumer_lag")
         assert len(lag) == 2 * PARTITIONS and all(v >= 0 for v in lag.values())
         assert series(m, "ctr_joiner_checkpoint_seconds_count")
+        clicks = series(m, "ctr_joiner_clicks_total")  # every outcome exists, the counts add up
+        assert {k.split('"')[1] for k in clicks} == {"attributed", "late", "early", "orphan", "duplicate"}
         stop_like_systemd(proc, notify, unit)
     finally:
         if proc.poll() is None:

@@ -1,0 +1,172 @@
+"""One engine: a stream through `ctr backtest` and through the daemons over real Kafka, Redis and
+MLflow gives byte-identical examples (stream features included), the same blocks and the same
+block metrics.
+
+The stream is the simulator's (its arrival order has duplicates, clicks before their impression
+and clicks past the window), with clicks that were never for any impression (orphans) and one
+closing impression per partition two hours later, so every real window closes in both runs (the
+daemons never flush open windows; a backtest does at its end). The JSONL file is backtested, and
+the same file goes to Kafka with `ctr replay --to-kafka`, where `ctr joiner` and `ctr trainer` run
+until idle. Only full blocks are compared: a backtest also scores its last, partial block.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from pipeline.config import Config, KafkaConfig
+from pipeline.kafka_io import ensure_topics
+from pipeline.partitioning import partition_of
+from pipeline.simulator import Simulator, write_jsonl
+
+PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
+HOUR_MS = 3_600_000
+
+
+def write_stream(path: Path) -> int:
+    events = list(Simulator(Config().simulator, seed=21).stream(IMPRESSIONS))
+    last = max(e["ts"] for _, e in events)
+    for n in range(40):  # clicks for impressions that never come: orphan_click dead letters
+        user = events[n * 50][1]["user_id"]
+        events.append(
+            ("click", {"click_id": f"ghost-c{n}", "impression_id": f"ghost{n}", "ts": last, "user_id": user})
+        )
+    for p in range(PARTITIONS):  # a closing impression per partition, 2 h later: every window closes
+        user = next(f"closer{i}" for i in range(1_000) if partition_of(f"closer{i}", PARTITIONS) == p)
+        imp = {"impression_id": f"closing-{p}", "ts": last + 2 * HOUR_MS, "user_id": user, "item_id": "x"}
+        events.append(("impression", imp))
+    return write_jsonl(events, path)
+
+
+def read_topic(bootstrap: str, topic: str) -> list[bytes]:
+    """Every message of ``topic``, read up to the end offsets taken first."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        out: list[bytes] = []
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            for msgs in consumer.poll(timeout_ms=1_000).values():
+                out += [m.value for m in msgs]
+        return out
+    finally:
+        consumer.close()
+
+
+def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -> str:
+    with log.open("wb") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            timeout=timeout,
+        )
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    return proc.stdout.decode()
+
+
+def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
+    services: dict[str, str], kafka_admin: object, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:10]
+    stream = tmp_path / "stream.jsonl"
+    write_stream(stream)
+    k = KafkaConfig(
+        bootstrap_servers=services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
+        impressions_topic=f"parity-imps-{tag}",
+        clicks_topic=f"parity-clicks-{tag}",
+        examples_topic=f"parity-examples-{tag}",
+        dead_letter_topic=f"parity-dead-{tag}",
+        partitions=PARTITIONS,
+    )
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+    env = {
+        **os.environ,
+        "CTR_KAFKA_BOOTSTRAP_SERVERS": k.bootstrap_servers,
+        "CTR_KAFKA_IMPRESSIONS_TOPIC": k.impressions_topic,
+        "CTR_KAFKA_CLICKS_TOPIC": k.clicks_topic,
+        "CTR_KAFKA_EXAMPLES_TOPIC": k.examples_topic,
+        "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
+        "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
+        "CTR_KAFKA_GROUP_ID_PREFIX": f"parity-{tag}",
+        "CTR_DAEMON_STATE_DIR": str(tmp_path / "state"),
+        "CTR_DAEMON_REDIS_URL": services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
+        "CTR_FEATURES_PROJECT": f"parity_{tag}",
+        "CTR_REGISTRY_TRACKING_URI": services["CTR_REGISTRY_TRACKING_URI"],
+        "CTR_REGISTRY_MODEL_NAME": f"parity-model-{tag}",
+        "CTR_REGISTRY_EXPERIMENT": f"parity-exp-{tag}",
+        "CTR_TRAINER_TRAIN_EVERY": str(BLOCK),
+        "CTR_TRAINER_HASH_BUCKETS": str(1 << 16),
+        "CTR_TRAINER_THREADS": "1",
+        "CTR_TRAINER_SEED": "7",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
+    # the backtest, on the embedded profile (its own local registry)
+    backtest_env = {n: v for n, v in env.items() if n != "CTR_REGISTRY_TRACKING_URI"}
+    out = tmp_path / "backtest"
+    run(
+        ["backtest", "--source", str(stream), "--out", str(out), "--examples-out", str(out / "ex.jsonl")],
+        backtest_env,
+        tmp_path / "bt.log",
+    )
+    replayed = {
+        json.loads(line)["impression"]["impression_id"]: line.encode()
+        for line in (out / "ex.jsonl").read_text().splitlines()
+    }
+    with (out / "metrics.csv").open() as f:
+        backtest_blocks = [row for row in csv.DictReader(f) if int(row["examples"]) == BLOCK]
+
+    # the daemons, over Kafka, Redis and the MLflow server
+    run(["replay", "--to-kafka", "--source", str(stream)], env, tmp_path / "replay.log")
+    run(["joiner", "--exit-when-idle", "10"], env, tmp_path / "joiner.log")
+    trained = json.loads(
+        run(["trainer", "--exit-when-idle", "15"], env, tmp_path / "trainer.log").splitlines()[-1]
+    )
+    messages = read_topic(k.bootstrap_servers, k.examples_topic)
+    produced = {json.loads(m)["impression"]["impression_id"]: m for m in messages}
+
+    closing = {f"closing-{p}" for p in range(PARTITIONS)}
+    assert len(produced) == len(messages) > 8_000  # no example twice
+    assert produced == {i: v for i, v in replayed.items() if i not in closing}  # byte-identical
+    assert trained["blocks"] == len(backtest_blocks) == len(produced) // BLOCK >= 4
+    # the same dead letters, by reason (orphan clicks included)
+    letters = Counter(json.loads(m)["reason"] for m in read_topic(k.bootstrap_servers, k.dead_letter_topic))
+    with (out / "dead_letters.jsonl").open() as f:
+        assert letters == Counter(json.loads(line)["reason"] for line in f)
+    assert letters["orphan_click"] == 40
+    client = mlflow.MlflowClient(services["CTR_REGISTRY_TRACKING_URI"])
+    versions = {int(v.tags["block"]): v for v in client.search_model_versions(f"name = 'parity-model-{tag}'")}
+    compared = 0
+    for row in backtest_blocks:
+        block = int(row["block"])
+        if row["gate_accepted"] != "1":
+            assert block not in versions
+            continue
+        compared += 1
+        tags = versions[block].tags
+        assert int(tags["examples"]) == BLOCK
+        assert (int(tags["event_time_min"]), int(tags["event_time_max"])) == (
+            int(row["event_time_min"]),
+            int(row["event_time_max"]),
+        )
+        assert float(tags["metric.online.auc"]) == pytest.approx(float(row["online_auc"]), abs=1e-9)
+        assert float(tags["metric.online.logloss"]) == pytest.approx(float(row["online_logloss"]), abs=1e-9)
+    assert compared >= 2 and compared == len(versions)
+    kafka_admin.delete_topics(  # type: ignore[attr-defined]
+        [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
+    )
