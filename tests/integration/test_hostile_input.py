@@ -4,8 +4,8 @@ The corpus (tests/hostile.py) is published to real Kafka topics between a valid 
 ``ctr joiner`` process reads it. It must not crash; every event validation refuses is on the
 dead-letter topic with its reason (counted per reason, exactly) and no raw user id; a click from
 the wrong user is a ``user_mismatch`` dead letter; repeats are dropped and counted; clicks for
-impressions that never come are held, then become ``orphan_click`` dead letters; and the examples are exactly the valid impressions whose
-window closed, none of them touched by the garbage around them.
+impressions that never come are held, then become ``orphan_click`` dead letters; and the
+examples are exactly the valid impressions whose window closed, untouched by the garbage around them.
 """
 
 from __future__ import annotations
