@@ -82,7 +82,7 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
 
     cfg = Config()
     store = open_store(state / "joiner" / "feast", "production", args.redis_url, project)
-    pseudo = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
+    pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
     users = [f"user-{i}" for i in range(args.users)]
     items = [f"item-{i}" for i in range(args.items)]
     sf = StreamingFeatures(FeatureConfig())

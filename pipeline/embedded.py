@@ -48,7 +48,7 @@ class EmbeddedStack:
         store = MlflowModelStore.embedded(cfg.registry, out)
         features = open_store(out / "feast", "embedded", project=cfg.features.project, cfg=cfg.features)
         reader = OnlineFeatureReader(features, cfg.features)
-        pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
+        pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
         replicas = [
             Replica(
                 f"r{i}",

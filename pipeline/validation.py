@@ -70,8 +70,8 @@ class Validator:
         self.cfg = cfg
         self.clock = clock or ManualClock(0)
         self.partition_of = partition_of
-        self.pseudonymize = Pseudonymizer(cfg.pseudonym_key, "u_")
-        self.pseudonymize_device = Pseudonymizer(cfg.pseudonym_key, "d_")
+        self.pseudonymize = Pseudonymizer(cfg.pseudonym_key.get_secret_value(), "u_")
+        self.pseudonymize_device = Pseudonymizer(cfg.pseudonym_key.get_secret_value(), "d_")
         self._pii = frozenset(cfg.pii_feature_keys)
         self._scrub_re = identifier_pattern(self._pii)
         self.rejected: dict[str, int] = {}

@@ -138,7 +138,7 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
         workers=cfg.serving.max_in_flight,
     )
     partitions = cfg.kafka.partitions
-    pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
+    pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
 
     def replica(alias: str) -> Replica:
         return Replica(

@@ -99,7 +99,9 @@ class ReplicaServer(ThreadingHTTPServer):
         self.spec = openapi_spec(self.cfg.max_candidates, auth=bool(self.cfg.auth_token))
         self.spec_body = json.dumps(self.spec).encode()
         self.schema = request_schema(self.spec)
-        self._token = f"Bearer {self.cfg.auth_token}".encode() if self.cfg.auth_token else b""
+        self._token = (
+            f"Bearer {self.cfg.auth_token.get_secret_value()}".encode() if self.cfg.auth_token else b""
+        )
         self._admit = threading.Lock()
         self.in_flight = 0  # POST /score requests being processed now
         self._status_version: str | None = None  # the version last reported to systemd

@@ -290,7 +290,7 @@ def test_auth_token_is_a_secret_read_from_the_environment_only(tmp_path) -> None
     with pytest.raises(ConfigError, match="CTR_SERVING_AUTH_TOKEN"):
         load_config(toml, env={})
     cfg = load_config(env={"CTR_SERVING_AUTH_TOKEN": "t0k"})
-    assert cfg.serving.auth_token == "t0k"
+    assert cfg.serving.auth_token.get_secret_value() == "t0k"
     assert "auth_token" not in cfg.to_dict()["serving"] and "t0k" not in repr(cfg)
 
 
@@ -543,8 +543,7 @@ def test_http_1_0_keep_alive_is_honoured_as_ab_k_sends_it(api) -> None:
 def test_a_bad_feature_path_stops_ctr_serve_at_start_not_in_the_opener_thread() -> None:
     from serving_bridge.process import run_replica
 
-    cfg = load_config(
-        env={"CTR_REGISTRY_TRACKING_URI": "http://127.0.0.1:9", "CTR_SERVING_FEATURE_PATH": "x"}
-    )
+    cfg = load_config(env={"CTR_REGISTRY_TRACKING_URI": "http://127.0.0.1:9"})
+    cfg.serving.feature_path = "x"  # type: ignore[assignment]  # load_config refuses it (test_config.py)
     with pytest.raises(ValueError, match="feature_path = 'x' must be one of"):
         run_replica(cfg, "127.0.0.1", 0, "r1")

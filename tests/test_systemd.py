@@ -101,7 +101,7 @@ def test_install_lays_out_a_prefix_whose_config_the_daemons_can_load(tmp_path: P
     cfg = load_config(inst.etc / "ctr.toml", env=env)
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:29092"  # the config's name, not services.sh's
     assert cfg.daemon.state_dir == str(inst.state / "daemons")
-    assert cfg.validation.pseudonym_key == env["CTR_VALIDATION_PSEUDONYM_KEY"]
+    assert cfg.validation.pseudonym_key.get_secret_value() == env["CTR_VALIDATION_PSEUDONYM_KEY"]
     assert (inst.state / "kafka" / "data").is_dir() and (inst.state / "mlflow" / "artifacts").is_dir()
 
 

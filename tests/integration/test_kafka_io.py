@@ -300,7 +300,7 @@ def test_a_static_member_killed_and_restarted_gets_its_partitions_back_at_once(
     dynamic member would own nothing until the broker expired the dead one (session timeout, 45 s)."""
     static = dataclasses.replace(kafka_cfg, group_instance_id="joiner@host-a")
     publish_stream(static, stream(6_000))
-    argv = [sys.executable, "-c", _MEMBER, json.dumps(dataclasses.asdict(static)), kafka_group]
+    argv = [sys.executable, "-c", _MEMBER, json.dumps(dataclasses.asdict(static), default=str), kafka_group]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         committed = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]

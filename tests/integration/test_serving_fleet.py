@@ -147,7 +147,7 @@ def fleet_env(services: dict[str, str], mlflow_scope, tmp_path: Path) -> Iterato
     state = tmp_path / "state"
     store = open_store(state / "joiner" / "feast", "production", redis_url, project)
     cfg = Config()
-    pseudo = Pseudonymizer(cfg.validation.pseudonym_key, "u_")
+    pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
     sf = StreamingFeatures(FeatureConfig())
     for k, user in enumerate(USERS[:25]):  # half the users and their shards' items have features
         shard = kafka_partition(user, cfg.kafka.partitions)
