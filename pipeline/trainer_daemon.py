@@ -22,104 +22,34 @@ their next poll.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kafka.errors import KafkaError
-from mlflow.exceptions import MlflowException
 
 from pipeline import logs, systemd
 from pipeline.checkpoints import read_json, replace_dir, write_json
 from pipeline.config import Config
 from pipeline.events import LabelledExample
 from pipeline.example_merge import ExampleMerge
+from pipeline.idempotent_store import IdempotentStore
 from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
+from pipeline.trainer_metrics import record_block
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.alias_guard import move_alias_unless_moved
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.registry import MlflowModelStore
 
-__all__ = ["IdempotentStore", "TrainerDaemon", "lineage_key"]
+__all__ = ["TrainerDaemon"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-# What an MLflow server that is away or failing looks like to its client: connection errors and
-# timeouts (requests' are OSErrors) and error answers (MlflowException, RestException included).
-REGISTRY_OUTAGES = (MlflowException, OSError)
-# ... except answers no retry can change (no such version or alias): raised at once, or a bad
-# set_alias or load would be retried forever (found by pipeline.checks.check_model_store).
-_NOT_OUTAGES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
-
-
-def lineage_key(lineage: Mapping[str, Any]) -> str:
-    """What makes a version unique: its parent and the exact input it learned from."""
-    basis = json.dumps([lineage.get("parent_version"), lineage.get("position")], sort_keys=True)
-    return hashlib.sha256(basis.encode()).hexdigest()[:24]
-
-
-class IdempotentStore:
-    """Wraps the MLflow store: checkpoint first, then register at most once per lineage key."""
-
-    def __init__(self, inner: MlflowModelStore, daemon: TrainerDaemon) -> None:
-        self.inner, self.daemon = inner, daemon
-
-    def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
-        key = lineage_key(lineage)
-        lineage = {**lineage, "block_closed_at": round(self.daemon.block_closed_at, 3)}
-        self.daemon.save_pending(model, dict(lineage), dict(metrics), key)
-        return self.register(model, {**lineage, "lineage_key": key}, metrics)
-
-    def register(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
-        found = self._retrying("lookup", lambda: self.find(str(lineage["lineage_key"])))
-        if found is not None:
-            log.info(
-                "trainer: version %s already holds lineage %s; not registering again",
-                found,
-                lineage["lineage_key"],
-            )
-            return found
-        return self._retrying("registration", lambda: self.inner.publish(model, lineage, metrics))
-
-    def _retrying(self, what: str, call: Callable[[], _T]) -> _T:
-        """``call()``, retried with back-off (1, 2, 4 ... 30 s) while the MLflow server is away."""
-        delay = 1.0
-        while True:  # the MLflow server may be down: keep the pending block until it is back
-            try:
-                return call()
-            except REGISTRY_OUTAGES as exc:  # anything else is a bug: fail loudly, never retry it forever
-                if self.daemon.stopping or getattr(exc, "error_code", None) in _NOT_OUTAGES:
-                    raise
-                self.daemon.registry_failures[what] += 1
-                log.warning("trainer: MLflow %s failed; retrying in %.0fs", what, delay, exc_info=True)
-                # waiting on MLflow is not a hang: keep the watchdog fed (and, while starting up,
-                # the start timeout extended) instead of having systemd restart us into the same wait
-                systemd.status(f"trainer: MLflow {what} failed; retrying in {delay:.0f}s")
-                systemd.watchdog()
-                systemd.extend_timeout(delay + 60)
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
-
-    def find(self, key: str) -> str | None:
-        return self.inner.find_by_tag("lineage_key", key)
-
-    def set_alias(self, alias: str, version: str) -> None:
-        self._retrying("alias move", lambda: self.inner.set_alias(alias, version))
-
-    def resolve(self, alias: str) -> str | None:
-        return self._retrying("alias lookup", lambda: self.inner.resolve(alias))
-
-    def load(self, version: str) -> Any:
-        return self._retrying("model download", lambda: self.inner.load(version))
 
 
 class TrainerDaemon:
@@ -342,30 +272,7 @@ class TrainerDaemon:
 
     # -- metrics ---------------------------------------------------------------------------------
     def _block_metrics(self, report: Any) -> None:
-        m = self.metrics
-        decision = "accepted" if report.decision.accepted else "refused"
-        m.counter("ctr_trainer_blocks_total", "blocks trained, by gate decision", decision=decision).inc()
-        if not report.decision.accepted:
-            kind = report.decision.kind or "other"
-            m.counter(
-                "ctr_trainer_gate_refusals_total", "blocks refused by the gate, by why", kind=kind
-            ).inc()
-        m.histogram(
-            "ctr_trainer_block_train_seconds",
-            "fine-tuning time of one block",
-            (1, 2, 5, 10, 30, 60, 120, 300),
-        ).observe(report.train_seconds)
-        m.gauge("ctr_trainer_examples_per_second", "training throughput of the last block").set(
-            report.examples_per_s
-        )
-        m.gauge("ctr_trainer_block_event_time_max_seconds", "newest impression time of the last block").set(
-            report.event_time_max / 1000
-        )
-        for name in ("auc", "logloss"):
-            if name in report.online:
-                m.gauge(
-                    f"ctr_trainer_progressive_{name}", "the champion on the last block, before learning it"
-                ).set(report.online[name])
+        record_block(self.metrics, report)
         try:  # measured here, on the main thread: the metrics thread must not touch the consumer
             self._metric_lag = self.source.lag()
         except Exception:

@@ -22,12 +22,12 @@ from pipeline.checks import (
     check_source,
 )
 from pipeline.config import SimulatorConfig, TrainerConfig
+from pipeline.idempotent_store import IdempotentStore
 from pipeline.jsonl_mapping import JsonlMapping
 from pipeline.parquet_source import ParquetSource, write_parquet
 from pipeline.readers import CriteoTsvSource, ObdCsvSource
 from pipeline.simulator import Simulator, write_jsonl
 from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
-from pipeline.trainer_daemon import IdempotentStore
 from tests.test_readers import criteo_rows
 from tests.test_trainer_daemon import FakeDaemon
 from trainers.encoding import Encoder

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.trainer_daemon import IdempotentStore, lineage_key
+from pipeline.idempotent_store import IdempotentStore, lineage_key
 from trainers.testing import InMemoryModelStore
 
 

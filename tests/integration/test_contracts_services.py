@@ -12,9 +12,9 @@ import pytest
 from pipeline.checks import check_feature_reader, check_group_source, check_model_store
 from pipeline.checks.sources import Position
 from pipeline.config import KafkaConfig, RegistryConfig, SimulatorConfig
+from pipeline.idempotent_store import IdempotentStore
 from pipeline.kafka_io import ExampleBatch, KafkaEventSource, KafkaExampleSource, KafkaSink, publish_stream
 from pipeline.simulator import Simulator
-from pipeline.trainer_daemon import IdempotentStore
 from tests.integration.test_redis_reader import feast_store  # noqa: F401  (a fixture, reused)
 from tests.test_trainer_daemon import FakeDaemon
 from trainers.registry import MlflowModelStore

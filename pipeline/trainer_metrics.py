@@ -1,0 +1,34 @@
+"""The trainer daemon's per-block Prometheus series (``ctr trainer``'s ``/metrics``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.metrics import Registry
+
+__all__ = ["record_block"]
+
+
+def record_block(m: Registry, report: Any) -> None:
+    """A block's series: blocks and gate refusals by kind, train time, throughput, progressive metrics."""
+    decision = "accepted" if report.decision.accepted else "refused"
+    m.counter("ctr_trainer_blocks_total", "blocks trained, by gate decision", decision=decision).inc()
+    if not report.decision.accepted:
+        kind = report.decision.kind or "other"
+        m.counter("ctr_trainer_gate_refusals_total", "blocks refused by the gate, by why", kind=kind).inc()
+    m.histogram(
+        "ctr_trainer_block_train_seconds",
+        "fine-tuning time of one block",
+        (1, 2, 5, 10, 30, 60, 120, 300),
+    ).observe(report.train_seconds)
+    m.gauge("ctr_trainer_examples_per_second", "training throughput of the last block").set(
+        report.examples_per_s
+    )
+    m.gauge("ctr_trainer_block_event_time_max_seconds", "newest impression time of the last block").set(
+        report.event_time_max / 1000
+    )
+    for name in ("auc", "logloss"):
+        if name in report.online:
+            m.gauge(
+                f"ctr_trainer_progressive_{name}", "the champion on the last block, before learning it"
+            ).set(report.online[name])
