@@ -35,7 +35,8 @@ from pipeline.config import Config
 from pipeline.dead_letter_alarm import DeadLetterAlarm
 from pipeline.events import DeadLetter
 from pipeline.joiner import click_outcomes
-from pipeline.kafka_io import KafkaEventSource, KafkaSink, KafkaSinkError, caught_up, ensure_topics
+from pipeline.kafka_io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
+from pipeline.kafka_sources import KafkaEventSource
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioning import partition_of

@@ -1,8 +1,9 @@
-"""Kafka adapters of the production profile: the consumer-group sources, plus, re-exported, client
-settings, topics and :class:`KafkaSink` (:mod:`pipeline.kafka_client`), ``ctr produce``
+"""Kafka adapters of the production profile: :class:`GroupSource`, the consumer-group member the
+daemons' sources (:mod:`pipeline.kafka_sources`) are made of, plus, re-exported, client settings,
+topics and :class:`KafkaSink` (:mod:`pipeline.kafka_client`), ``ctr produce``
 (:mod:`pipeline.kafka_publish`) and snapshot parsing (:mod:`pipeline.kafka_offsets`).
 
-:class:`KafkaEventSource` implements :class:`pipeline.types.Source` over a consumer group with manual
+:class:`~pipeline.kafka_sources.KafkaEventSource` implements :class:`pipeline.types.Source` over a consumer group with manual
 commits. The daemon loop that gives exactly-once *effect*::
 
     src = KafkaEventSource(cfg, {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"},
@@ -30,11 +31,9 @@ commit neither loses nor repeats a block.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Self
 
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
@@ -43,7 +42,6 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import FencedInstanceIdError, KafkaError
 
 from pipeline.config import KafkaConfig
-from pipeline.events import DeadLetter, LabelledExample
 from pipeline.kafka_client import (
     FencedMemberError,
     KafkaSink,
@@ -55,19 +53,16 @@ from pipeline.kafka_client import (
 )
 from pipeline.kafka_offsets import OffsetBook, RebalanceListener, parse_snapshot, snapshot_key
 from pipeline.kafka_publish import RateLimiter, publish_stream, replay_file_to_kafka
-from pipeline.types import Clock, EventKind, RawEvent, WallClock
+from pipeline.types import Clock
 
 __all__ = [
-    "ExampleBatch",
     "FencedMemberError",
-    "KafkaEventSource",
-    "KafkaExampleSource",
+    "GroupSource",
     "KafkaSink",
     "KafkaSinkError",
     "KafkaUnavailableError",
     "RateLimiter",
     "caught_up",
-    "decode_example",
     "ensure_topics",
     "kafka_client_kwargs",
     "parse_snapshot",
@@ -76,10 +71,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.events does)
 
 
-class _GroupSource:
+class GroupSource:
     """A consumer-group member with manual commits: polling, snapshots, commits, seeks, lag."""
 
     def __init__(
@@ -266,9 +260,9 @@ class _GroupSource:
         self.close()
 
 
-def caught_up(source: _GroupSource) -> bool:
+def caught_up(source: GroupSource) -> bool:
     """The group has read every partition of the source's topics to its end: this member its own,
-    the other members theirs, as far as their commits say (:meth:`_GroupSource.group_lag`).
+    the other members theirs, as far as their commits say (:meth:`GroupSource.group_lag`).
 
     A backlog, a rebalance still pending, or a partition held by a member that was killed (the broker
     expires it only after ``session.timeout.ms``, 45 s) is not idleness: a daemon told to exit when
@@ -278,112 +272,3 @@ def caught_up(source: _GroupSource) -> bool:
     except Exception:  # the broker did not answer: not known to be caught up
         return False
     return bool(lag) and all(v == 0 for v in lag.values())
-
-
-class KafkaEventSource(_GroupSource):
-    """Raw impressions/clicks from ``topics`` (``{topic: kind}``) as :class:`RawEvent` batches.
-
-    ``value`` is the message bytes as they are (a tombstone becomes ``b""``): validation happens
-    later, so bad content never raises here. ``batches()`` yields one list per poll, at most
-    ``batch_size`` events (default ``cfg.max_poll_records``), and an empty list every
-    ``cfg.poll_timeout_ms`` when idle, so a daemon loop can do time-based work; it returns after
-    ``stop()``. See the module docstring for commits, rebalances and seeks.
-    """
-
-    def __init__(
-        self,
-        cfg: KafkaConfig,
-        topics: Mapping[str, EventKind],
-        group_id: str,
-        batch_size: int | None = None,
-        clock: Clock | None = None,
-        on_revoke: Callable[[], None] | None = None,
-    ) -> None:
-        self.topics = dict(topics)
-        super().__init__(cfg, self.topics, group_id, batch_size, clock or WallClock(), on_revoke)
-
-    def batches(self) -> Iterator[list[RawEvent]]:
-        kinds = self.topics
-        for records in self._polls():
-            yield [  # the record's timestamp is when the event entered the system (validation's reference)
-                RawEvent(
-                    kinds[r.topic],
-                    r.value or b"",
-                    r.topic,
-                    r.partition,
-                    r.offset,
-                    r.key,
-                    r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None,
-                )
-                for r in records
-            ]
-
-
-@dataclass
-class ExampleBatch:
-    """One poll of the examples topic: decoded examples and the messages that were not examples."""
-
-    examples: list[LabelledExample] = field(default_factory=list)
-    dead: list[DeadLetter] = field(default_factory=list)
-    where: list[tuple[str, int]] = field(default_factory=list)  # ("topic:partition", offset) per example
-
-
-def decode_example(r: ConsumerRecord) -> LabelledExample | DeadLetter:
-    """A :class:`LabelledExample`, or a dead letter saying why the message is not one."""
-    raw = r.value or b""
-    reason, detail = "", ""
-    try:
-        ex = LabelledExample.from_json(raw)
-        imp = ex.impression
-        if ex.label not in (0, 1) or isinstance(ex.label, bool):
-            reason, detail = "bad_value", f"label {ex.label!r} is not 0 or 1"
-        elif not all(type(v) is int for v in (imp.ts, ex.label_ts)):
-            reason, detail = "bad_type", "ts and label_ts must be integers (epoch ms)"
-        elif not (isinstance(imp.impression_id, str) and isinstance(imp.features, dict)):
-            reason, detail = "bad_type", "impression_id must be a string and features an object"
-        else:
-            return ex
-    except UnicodeDecodeError as exc:
-        reason, detail = "bad_encoding", str(exc)
-    except json.JSONDecodeError as exc:
-        reason, detail = "bad_json", str(exc)
-    except KeyError as exc:
-        reason, detail = "missing_field", f"field {exc} is missing"
-    except (TypeError, AttributeError, ValueError, RecursionError) as exc:
-        reason, detail = "bad_type", f"{type(exc).__name__}: {exc}"
-    return DeadLetter(reason, detail[:200], "example", raw[:_RAW_PREFIX], r.topic, r.partition, r.offset)
-
-
-class KafkaExampleSource(_GroupSource):
-    """Labelled examples from ``topic`` (default ``cfg.examples_topic``), for the trainer.
-
-    ``batches()`` yields an :class:`ExampleBatch` per poll (empty when idle): ``examples`` decoded,
-    and ``dead``, a :class:`DeadLetter` (reason ``bad_json``, ``missing_field``, ...) for each
-    message that is not a valid example, to be sent to the dead-letter topic. Its offset is
-    covered by the snapshot like any other, so a malformed message is never re-read after a commit.
-    Snapshots, commits, seeks and rebalances behave as in :class:`KafkaEventSource`.
-    """
-
-    def __init__(
-        self,
-        cfg: KafkaConfig,
-        group_id: str,
-        topic: str | None = None,
-        batch_size: int | None = None,
-        clock: Clock | None = None,
-        on_revoke: Callable[[], None] | None = None,
-    ) -> None:
-        self.topic = topic or cfg.examples_topic
-        super().__init__(cfg, [self.topic], group_id, batch_size, clock or WallClock(), on_revoke)
-
-    def batches(self) -> Iterator[ExampleBatch]:
-        for records in self._polls():
-            batch = ExampleBatch()
-            for r in records:
-                item = decode_example(r)
-                if isinstance(item, LabelledExample):
-                    batch.examples.append(item)
-                    batch.where.append((f"{r.topic}:{r.partition}", r.offset))
-                else:
-                    batch.dead.append(item)
-            yield batch

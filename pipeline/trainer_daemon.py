@@ -38,7 +38,8 @@ from pipeline.config import Config
 from pipeline.events import LabelledExample
 from pipeline.example_merge import ExampleMerge
 from pipeline.idempotent_store import IdempotentStore
-from pipeline.kafka_io import KafkaExampleSource, KafkaSink, caught_up, ensure_topics
+from pipeline.kafka_io import KafkaSink, caught_up, ensure_topics
+from pipeline.kafka_sources import KafkaExampleSource
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.trainer_metrics import record_block
 from serving_bridge.server import NOTIFY_CHANNEL

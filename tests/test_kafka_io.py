@@ -13,8 +13,9 @@ from kafka.consumer.fetcher import ConsumerRecord
 
 from pipeline.config import ConfigError, KafkaConfig, load_config
 from pipeline.events import DeadLetter, Impression, LabelledExample
-from pipeline.kafka_io import RateLimiter, decode_example, kafka_client_kwargs, parse_snapshot
+from pipeline.kafka_io import RateLimiter, kafka_client_kwargs, parse_snapshot
 from pipeline.kafka_offsets import OffsetBook
+from pipeline.kafka_sources import decode_example
 
 P0, P1 = TopicPartition("clicks", 0), TopicPartition("clicks", 1)
 

@@ -13,7 +13,8 @@ from pipeline.checks import check_feature_reader, check_group_source, check_mode
 from pipeline.checks.sources import Position
 from pipeline.config import KafkaConfig, RegistryConfig, SimulatorConfig
 from pipeline.idempotent_store import IdempotentStore
-from pipeline.kafka_io import ExampleBatch, KafkaEventSource, KafkaExampleSource, KafkaSink, publish_stream
+from pipeline.kafka_io import KafkaSink, publish_stream
+from pipeline.kafka_sources import ExampleBatch, KafkaEventSource, KafkaExampleSource
 from pipeline.simulator import Simulator
 from tests.integration.test_redis_reader import feast_store  # noqa: F401  (a fixture, reused)
 from tests.test_trainer_daemon import FakeDaemon

@@ -32,8 +32,6 @@ from pipeline.config import KafkaConfig, SimulatorConfig
 from pipeline.events import DeadLetter, Impression, LabelledExample
 from pipeline.kafka_io import (
     FencedMemberError,
-    KafkaEventSource,
-    KafkaExampleSource,
     KafkaSink,
     KafkaSinkError,
     KafkaUnavailableError,
@@ -42,6 +40,7 @@ from pipeline.kafka_io import (
     publish_stream,
     replay_file_to_kafka,
 )
+from pipeline.kafka_sources import KafkaEventSource, KafkaExampleSource
 from pipeline.simulator import Simulator, write_jsonl
 from pipeline.types import EventKind, RawEvent
 
@@ -279,7 +278,7 @@ def test_a_member_is_not_caught_up_while_another_members_partitions_are_unread(
 _MEMBER = """
 import json, sys, time
 from pipeline.config import KafkaConfig
-from pipeline.kafka_io import KafkaEventSource
+from pipeline.kafka_sources import KafkaEventSource
 cfg = KafkaConfig(**json.loads(sys.argv[1]))
 topics = {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"}
 src = KafkaEventSource(cfg, topics, sys.argv[2], batch_size=500)

@@ -1,0 +1,131 @@
+"""The daemons' Kafka sources: raw events for the joiner, labelled examples for the trainer.
+
+Both are consumer-group members whose snapshots, commits, seeks and rebalances are
+:class:`~pipeline.kafka_io.GroupSource`'s (see :mod:`pipeline.kafka_io` for the exactly-once loop).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from kafka.consumer.fetcher import ConsumerRecord
+
+from pipeline.config import KafkaConfig
+from pipeline.events import DeadLetter, LabelledExample
+from pipeline.kafka_io import GroupSource
+from pipeline.types import Clock, EventKind, RawEvent, WallClock
+
+__all__ = ["ExampleBatch", "KafkaEventSource", "KafkaExampleSource", "decode_example"]
+
+_RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.validation does)
+
+
+class KafkaEventSource(GroupSource):
+    """Raw impressions/clicks from ``topics`` (``{topic: kind}``) as :class:`RawEvent` batches.
+
+    ``value`` is the message bytes as they are (a tombstone becomes ``b""``): validation happens
+    later, so bad content never raises here. ``batches()`` yields one list per poll, at most
+    ``batch_size`` events (default ``cfg.max_poll_records``), and an empty list every
+    ``cfg.poll_timeout_ms`` when idle, so a daemon loop can do time-based work; it returns after
+    ``stop()``. See the module docstring for commits, rebalances and seeks.
+    """
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        topics: Mapping[str, EventKind],
+        group_id: str,
+        batch_size: int | None = None,
+        clock: Clock | None = None,
+        on_revoke: Callable[[], None] | None = None,
+    ) -> None:
+        self.topics = dict(topics)
+        super().__init__(cfg, self.topics, group_id, batch_size, clock or WallClock(), on_revoke)
+
+    def batches(self) -> Iterator[list[RawEvent]]:
+        kinds = self.topics
+        for records in self._polls():
+            yield [  # the record's timestamp is when the event entered the system (validation's reference)
+                RawEvent(
+                    kinds[r.topic],
+                    r.value or b"",
+                    r.topic,
+                    r.partition,
+                    r.offset,
+                    r.key,
+                    r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None,
+                )
+                for r in records
+            ]
+
+
+@dataclass
+class ExampleBatch:
+    """One poll of the examples topic: decoded examples and the messages that were not examples."""
+
+    examples: list[LabelledExample] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    where: list[tuple[str, int]] = field(default_factory=list)  # ("topic:partition", offset) per example
+
+
+def decode_example(r: ConsumerRecord) -> LabelledExample | DeadLetter:
+    """A :class:`LabelledExample`, or a dead letter saying why the message is not one."""
+    raw = r.value or b""
+    reason, detail = "", ""
+    try:
+        ex = LabelledExample.from_json(raw)
+        imp = ex.impression
+        if ex.label not in (0, 1) or isinstance(ex.label, bool):
+            reason, detail = "bad_value", f"label {ex.label!r} is not 0 or 1"
+        elif not all(type(v) is int for v in (imp.ts, ex.label_ts)):
+            reason, detail = "bad_type", "ts and label_ts must be integers (epoch ms)"
+        elif not (isinstance(imp.impression_id, str) and isinstance(imp.features, dict)):
+            reason, detail = "bad_type", "impression_id must be a string and features an object"
+        else:
+            return ex
+    except UnicodeDecodeError as exc:
+        reason, detail = "bad_encoding", str(exc)
+    except json.JSONDecodeError as exc:
+        reason, detail = "bad_json", str(exc)
+    except KeyError as exc:
+        reason, detail = "missing_field", f"field {exc} is missing"
+    except (TypeError, AttributeError, ValueError, RecursionError) as exc:
+        reason, detail = "bad_type", f"{type(exc).__name__}: {exc}"
+    return DeadLetter(reason, detail[:200], "example", raw[:_RAW_PREFIX], r.topic, r.partition, r.offset)
+
+
+class KafkaExampleSource(GroupSource):
+    """Labelled examples from ``topic`` (default ``cfg.examples_topic``), for the trainer.
+
+    ``batches()`` yields an :class:`ExampleBatch` per poll (empty when idle): ``examples`` decoded,
+    and ``dead``, a :class:`DeadLetter` (reason ``bad_json``, ``missing_field``, ...) for each
+    message that is not a valid example, to be sent to the dead-letter topic. Its offset is
+    covered by the snapshot like any other, so a malformed message is never re-read after a commit.
+    Snapshots, commits, seeks and rebalances behave as in :class:`KafkaEventSource`.
+    """
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        group_id: str,
+        topic: str | None = None,
+        batch_size: int | None = None,
+        clock: Clock | None = None,
+        on_revoke: Callable[[], None] | None = None,
+    ) -> None:
+        self.topic = topic or cfg.examples_topic
+        super().__init__(cfg, [self.topic], group_id, batch_size, clock or WallClock(), on_revoke)
+
+    def batches(self) -> Iterator[ExampleBatch]:
+        for records in self._polls():
+            batch = ExampleBatch()
+            for r in records:
+                item = decode_example(r)
+                if isinstance(item, LabelledExample):
+                    batch.examples.append(item)
+                    batch.where.append((f"{r.topic}:{r.partition}", r.offset))
+                else:
+                    batch.dead.append(item)
+            yield batch
