@@ -43,8 +43,9 @@ from typing import Any, Protocol
 
 from pipeline.config import JoinerConfig
 from pipeline.events import Click, Impression, LabelledExample
+from pipeline.join_stats import JoinStats, Rejection
 
-__all__ = ["FeatureTracker", "JoinStats", "Joiner", "Rejection", "click_outcomes"]
+__all__ = ["FeatureTracker", "Joiner"]
 
 
 class FeatureTracker(Protocol):
@@ -55,47 +56,6 @@ class FeatureTracker(Protocol):
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
 
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
-
-
-@dataclass
-class JoinStats:
-    impressions: int = 0
-    clicks: int = 0
-    examples: int = 0
-    positives: int = 0
-    duplicate_impressions: int = 0
-    duplicate_clicks: int = 0
-    late_clicks: int = 0  # came after the impression's window: not attributed
-    early_clicks: int = 0  # came before their impression and waited for it
-    orphan_clicks: int = 0  # their impression never came within the hold time
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-def click_outcomes(stats: Iterable[JoinStats]) -> dict[str, int]:
-    """Clicks by what the join made of them, summed over partitions (``/metrics``, ``ctr status``).
-
-    ``early`` clicks waited for their impression (they end attributed, late or orphaned);
-    ``orphan`` ones became dead letters; ``attributed`` ones made a positive example.
-    """
-    out = dict.fromkeys(("attributed", "late", "early", "orphan", "duplicate"), 0)
-    for s in stats:
-        out["attributed"] += s.positives
-        out["late"] += s.late_clicks
-        out["early"] += s.early_clicks
-        out["orphan"] += s.orphan_clicks
-        out["duplicate"] += s.duplicate_clicks
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A click the joiner refused for a reason that makes it a dead letter."""
-
-    click: Click
-    reason: str
-    detail: str
 
 
 @dataclass(slots=True)

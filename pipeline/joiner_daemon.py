@@ -34,7 +34,7 @@ from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.dead_letter_alarm import DeadLetterAlarm
 from pipeline.events import DeadLetter
-from pipeline.joiner import click_outcomes
+from pipeline.join_stats import click_outcomes
 from pipeline.kafka_io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.kafka_sources import KafkaEventSource
 from pipeline.metrics import Registry, export_consumer_state, serve_metrics

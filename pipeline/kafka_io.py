@@ -3,8 +3,8 @@ daemons' sources (:mod:`pipeline.kafka_sources`) are made of, plus, re-exported,
 topics and :class:`KafkaSink` (:mod:`pipeline.kafka_client`), ``ctr produce``
 (:mod:`pipeline.kafka_publish`) and snapshot parsing (:mod:`pipeline.kafka_offsets`).
 
-:class:`~pipeline.kafka_sources.KafkaEventSource` implements :class:`pipeline.types.Source` over a consumer group with manual
-commits. The daemon loop that gives exactly-once *effect*::
+:class:`~pipeline.kafka_sources.KafkaEventSource` implements :class:`pipeline.types.Source` over a
+consumer group with manual commits. The daemon loop that gives exactly-once *effect*::
 
     src = KafkaEventSource(cfg, {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"},
                            group_id=f"{cfg.group_id_prefix}-joiner", on_revoke=joiner.reset)

@@ -26,7 +26,7 @@ from pipeline.config import Config
 from pipeline.entered_time import EnteredTime
 from pipeline.events import DeadLetter, LabelledExample
 from pipeline.example_merge import ExampleMerge
-from pipeline.joiner import JoinStats
+from pipeline.join_stats import JoinStats
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioning import KeyHashes
 from pipeline.types import Clock, RawEvent
