@@ -34,10 +34,10 @@ from pipeline.checkpoints import read_json, write_json
 from pipeline.config import Config
 from pipeline.dead_letter_alarm import DeadLetterAlarm
 from pipeline.events import DeadLetter
-from pipeline.join_stats import click_outcomes
+from pipeline.joiner_metrics import JoinerMetrics
 from pipeline.kafka_io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.kafka_sources import KafkaEventSource
-from pipeline.metrics import Registry, export_consumer_state, serve_metrics
+from pipeline.metrics import serve_metrics
 from pipeline.partition_task import PartitionTask
 from pipeline.partitioning import partition_of
 from pipeline.types import RawEvent, WallClock
@@ -81,14 +81,11 @@ class JoinerDaemon:
         self.counters = {"events": 0, "examples": 0, "dead_letters": 0, "checkpoints": 0}
         self._lag: dict[str, int] = {}
         self._lag_at = 0.0
-        self._metric_lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
-        self._rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
-        self._rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint
         self.dead_reasons: Counter[str] = Counter()
         self.outages: Counter[str] = Counter()  # failures that forced a replay, by exception type
         self._failures = 0  # in a row; sets the back-off
-        self.metrics = Registry()
-        self.metrics.on_scrape(self._collect_metrics)
+        self.observed = JoinerMetrics(self)
+        self.metrics = self.observed.registry
 
     def _router(self) -> Callable[[str], int]:
         """A user id's partition among the input topics' (equal) partition counts, read from the broker."""
@@ -262,7 +259,7 @@ class JoinerDaemon:
         """Make everything durable, in the order that makes a crash at any point harmless."""
         started = time.monotonic()
         try:  # fresh lag for /metrics (the metrics thread must not touch the consumer itself)
-            self._metric_lag = self.source.lag()  # its own field: _at_end's cache stays as it was
+            self.observed.lag = self.source.lag()  # its own field: _at_end's cache stays as it was
         except Exception:
             log.debug("joiner: lag unavailable for metrics", exc_info=True)
         self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
@@ -289,7 +286,7 @@ class JoinerDaemon:
             except KafkaError as exc:  # broker away: harmless, a restart seeks to the checkpoint files
                 log.warning("joiner: offset commit failed (%s); checkpoints kept, next commit retries", exc)
         self.counters["checkpoints"] += 1
-        self._update_rates()
+        self.observed.update_rates()
         self.metrics.histogram(
             "ctr_joiner_checkpoint_seconds",
             "flush + feature push + checkpoint + commit",
@@ -300,38 +297,3 @@ class JoinerDaemon:
             f"joiner: {c['events']} events, {c['examples']} examples, {c['dead_letters']} dead letters, "
             f"{len(self.tasks)} partitions"
         )
-
-    def _update_rates(self) -> None:
-        """Events/s in and examples/s out since the last checkpoint; the share of clicks attributed."""
-        now, c = time.monotonic(), self.counters
-        when, events, examples = self._rate_base
-        if now - when >= 0.5:
-            self._rates["events"] = (c["events"] - events) / (now - when)
-            self._rates["examples"] = (c["examples"] - examples) / (now - when)
-            self._rate_base = (now, c["events"], c["examples"])
-        stats = [t.joiner.stats for t in self.tasks.values()]
-        clicks = sum(s.clicks - s.duplicate_clicks for s in stats)
-        self._rates["join_rate"] = sum(s.positives for s in stats) / clicks if clicks else 0.0
-
-    def _collect_metrics(self) -> None:
-        """Scrape time (metrics thread): read the counters and the lag the last checkpoint measured."""
-        m, c = self.metrics, self.counters
-        m.counter("ctr_joiner_events_total", "raw impressions and clicks read").set(c["events"])
-        m.counter("ctr_joiner_examples_total", "labelled examples produced").set(c["examples"])
-        m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
-            c["checkpoints"]
-        )
-        r = self._rates
-        m.gauge("ctr_joiner_events_per_second", "impressions + clicks read per second").set(r["events"])
-        m.gauge("ctr_joiner_examples_per_second", "labelled examples written per second").set(r["examples"])
-        m.gauge("ctr_joiner_join_rate", "clicks attributed to an impression / distinct clicks read").set(
-            r["join_rate"]
-        )
-        for what, n in list(self.outages.items()):
-            m.counter("ctr_joiner_outages_total", "writes that failed and forced a replay", error=what).set(n)
-        export_consumer_state(m, "joiner", self._metric_lag, self.dead_reasons)
-        for outcome, n in click_outcomes([t.joiner.stats for t in list(self.tasks.values())]).items():
-            m.counter(
-                "ctr_joiner_clicks_total", "clicks read, by what the join made of them", outcome=outcome
-            ).set(n)
-        m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(self.tasks))

@@ -1,0 +1,62 @@
+"""``ctr joiner``'s ``/metrics``: counters, rates, the join rate, clicks by outcome, lag, outages.
+
+Rates and the lag are measured on the daemon's thread at each checkpoint; the scrape (on the
+metrics thread) only reads them and the counters, never the consumer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pipeline.join_stats import click_outcomes
+from pipeline.metrics import Registry, export_consumer_state
+
+__all__ = ["JoinerMetrics"]
+
+
+class JoinerMetrics:
+    """The joiner daemon's series, read from ``daemon`` (counters, tasks, outages, dead reasons)."""
+
+    def __init__(self, daemon: Any) -> None:
+        self.daemon = daemon
+        self.registry = Registry()
+        self.registry.on_scrape(self.collect)
+        self.lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
+        self.rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
+        self.rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint
+
+    def update_rates(self) -> None:
+        """Events/s in and examples/s out since the last checkpoint; the share of clicks attributed."""
+        now, c = time.monotonic(), self.daemon.counters
+        when, events, examples = self.rate_base
+        if now - when >= 0.5:
+            self.rates["events"] = (c["events"] - events) / (now - when)
+            self.rates["examples"] = (c["examples"] - examples) / (now - when)
+            self.rate_base = (now, c["events"], c["examples"])
+        stats = [t.joiner.stats for t in self.daemon.tasks.values()]
+        clicks = sum(s.clicks - s.duplicate_clicks for s in stats)
+        self.rates["join_rate"] = sum(s.positives for s in stats) / clicks if clicks else 0.0
+
+    def collect(self) -> None:
+        """Scrape time (metrics thread): read the counters and the lag the last checkpoint measured."""
+        m, c, d = self.registry, self.daemon.counters, self.daemon
+        m.counter("ctr_joiner_events_total", "raw impressions and clicks read").set(c["events"])
+        m.counter("ctr_joiner_examples_total", "labelled examples produced").set(c["examples"])
+        m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
+            c["checkpoints"]
+        )
+        r = self.rates
+        m.gauge("ctr_joiner_events_per_second", "impressions + clicks read per second").set(r["events"])
+        m.gauge("ctr_joiner_examples_per_second", "labelled examples written per second").set(r["examples"])
+        m.gauge("ctr_joiner_join_rate", "clicks attributed to an impression / distinct clicks read").set(
+            r["join_rate"]
+        )
+        for what, n in list(d.outages.items()):
+            m.counter("ctr_joiner_outages_total", "writes that failed and forced a replay", error=what).set(n)
+        export_consumer_state(m, "joiner", self.lag, d.dead_reasons)
+        for outcome, n in click_outcomes([t.joiner.stats for t in list(d.tasks.values())]).items():
+            m.counter(
+                "ctr_joiner_clicks_total", "clicks read, by what the join made of them", outcome=outcome
+            ).set(n)
+        m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(d.tasks))
