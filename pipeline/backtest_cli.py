@@ -30,7 +30,8 @@ def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
 
 
 def backtest(cfg: Config, args: argparse.Namespace) -> int:
-    from pipeline.backtest import open_source, run_backtest
+    from pipeline.backtest import run_backtest
+    from pipeline.open_source import open_source
 
     cfg.trainer.model = args.model or cfg.trainer.model
     cfg.trainer.seed = args.seed
@@ -79,7 +80,7 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replay(cfg: Config, args: argparse.Namespace) -> int:
-    from pipeline.backtest import open_source
+    from pipeline.open_source import open_source
     from pipeline.runner import run_embedded
 
     try:

@@ -126,13 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     if args.command == "status":
-        from pipeline.status import collect, render
+        from pipeline.status import collect
+        from pipeline.status_view import render
 
         status = collect(cfg, args.replica, args.blocks)
         print(json.dumps(status, indent=2) if args.json else render(status))
         return 0 if all(svc["up"] for svc in status["services"].values()) else 1
     if args.command == "simulate":
-        from pipeline.simulator import Simulator, write_jsonl
+        from pipeline.jsonl_mapping import write_jsonl
+        from pipeline.simulator import Simulator
 
         n = write_jsonl(Simulator(cfg.simulator, args.seed).stream(args.impressions), args.out)
         print(f"wrote {n:,} events to {args.out}")

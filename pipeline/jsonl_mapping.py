@@ -31,7 +31,7 @@ from pipeline.config import JsonlConfig
 from pipeline.events import Click, Impression
 from pipeline.types import EventKind
 
-__all__ = ["FIELDS", "KINDS", "TAG", "JsonlMapping"]
+__all__ = ["FIELDS", "KINDS", "TAG", "JsonlMapping", "write_jsonl"]
 
 TAG = "type"  # the canonical name of the type tag of a JSONL line
 KINDS: tuple[EventKind, ...] = ("impression", "click")
@@ -132,3 +132,14 @@ class JsonlMapping:
                 name = k  # it would overwrite a field present: left for the validator to reject
             renamed[name] = v
         return kind, renamed
+
+
+def write_jsonl(stream: Iterable[tuple[EventKind, Mapping[str, Any]]], path: str | Path) -> int:
+    """Write ``(kind, event)`` pairs one JSON object per line, tagged ``"type"``; returns the count."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for kind, event in stream:
+            f.write(json.dumps({"type": kind, **event}, separators=(",", ":")))
+            f.write("\n")
+            n += 1
+    return n

@@ -25,10 +25,8 @@ first ``n`` impressions are the same whatever ``n`` a call asks for.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +34,7 @@ import numpy as np
 from pipeline.config import SimulatorConfig
 from pipeline.types import EventKind
 
-__all__ = ["CHUNK", "Simulator", "write_jsonl"]
+__all__ = ["CHUNK", "Simulator"]
 
 CHUNK = 10_000  # impressions drawn per vectorised step; part of the seed -> stream mapping
 STEP_MS = 60_000  # interests move once per minute of event time
@@ -291,14 +289,3 @@ class Simulator:
         for c in self._chunks(n_impressions):
             out.update(zip((f"imp-{i}" for i in c["idx"].tolist()), c["p"].tolist(), strict=True))
         return out
-
-
-def write_jsonl(stream: Iterable[tuple[EventKind, Mapping[str, Any]]], path: str | Path) -> int:
-    """Write ``(kind, event)`` pairs one JSON object per line, tagged ``"type"``; returns the count."""
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for kind, event in stream:
-            f.write(json.dumps({"type": kind, **event}, separators=(",", ":")))
-            f.write("\n")
-            n += 1
-    return n

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.backtest import BacktestResult, open_source, run_backtest
+from pipeline.backtest import BacktestResult, run_backtest
 from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
 from pipeline.cli import main
 from pipeline.config import Config, load_config
+from pipeline.open_source import open_source
 from pipeline.simulator import Simulator
 from trainers.metrics import auc
 

@@ -23,10 +23,10 @@ from pipeline.checks import (
 )
 from pipeline.config import SimulatorConfig, TrainerConfig
 from pipeline.idempotent_store import IdempotentStore
-from pipeline.jsonl_mapping import JsonlMapping
+from pipeline.jsonl_mapping import JsonlMapping, write_jsonl
 from pipeline.parquet_source import ParquetSource, write_parquet
 from pipeline.readers import CriteoTsvSource, ObdCsvSource
-from pipeline.simulator import Simulator, write_jsonl
+from pipeline.simulator import Simulator
 from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
 from tests.test_readers import criteo_rows
 from tests.test_trainer_daemon import FakeDaemon

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config
+from pipeline.jsonl_mapping import write_jsonl
 from pipeline.runner import RunResult, run_demo, run_replay
-from pipeline.simulator import Simulator, write_jsonl
+from pipeline.simulator import Simulator
 
 KEYS = (
     "events",

@@ -207,8 +207,8 @@ AVAZU = OBD.parent / "avazu_first_hour" / "avazu_train_first_9999.csv"
 
 @pytest.mark.skipif(not AVAZU.is_file(), reason=f"Avazu sample {AVAZU} is absent")
 def test_backtest_opens_the_avazu_sample_with_the_configured_click_delay() -> None:
-    from pipeline.backtest import open_source
     from pipeline.config import Config
+    from pipeline.open_source import open_source
 
     cfg = Config()
     cfg.backtest.click_delay_median_s, cfg.backtest.click_delay_max_s = 10.0, 120.0

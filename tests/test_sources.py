@@ -12,8 +12,8 @@ import pytest
 from pipeline.avazu_source import AvazuCsvSource, avazu_hour_to_ms
 from pipeline.config import SimulatorConfig, ValidationConfig
 from pipeline.events import Click, DeadLetter, Impression
-from pipeline.jsonl_mapping import JsonlMapping
-from pipeline.simulator import Simulator, write_jsonl
+from pipeline.jsonl_mapping import JsonlMapping, write_jsonl
+from pipeline.simulator import Simulator
 from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
 from pipeline.types import RawEvent, Source
 from pipeline.validation import Validator

@@ -12,7 +12,8 @@ import time
 
 from pipeline.cli import main
 from pipeline.config import Config
-from pipeline.status import _redact, collect, parse_prometheus, render
+from pipeline.status import _redact, collect, parse_prometheus
+from pipeline.status_view import render
 
 
 def _closed_port() -> int:

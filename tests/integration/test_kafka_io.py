@@ -30,6 +30,7 @@ from kafka.errors import CommitFailedError, RebalanceInProgressError
 
 from pipeline.config import KafkaConfig, SimulatorConfig
 from pipeline.events import DeadLetter, Impression, LabelledExample
+from pipeline.jsonl_mapping import write_jsonl
 from pipeline.kafka_io import (
     FencedMemberError,
     KafkaSink,
@@ -41,7 +42,7 @@ from pipeline.kafka_io import (
     replay_file_to_kafka,
 )
 from pipeline.kafka_sources import KafkaEventSource, KafkaExampleSource
-from pipeline.simulator import Simulator, write_jsonl
+from pipeline.simulator import Simulator
 from pipeline.types import EventKind, RawEvent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

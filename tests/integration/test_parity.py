@@ -25,9 +25,10 @@ import mlflow
 import pytest
 
 from pipeline.config import Config, KafkaConfig
+from pipeline.jsonl_mapping import write_jsonl
 from pipeline.kafka_io import ensure_topics
 from pipeline.partitioning import partition_of
-from pipeline.simulator import Simulator, write_jsonl
+from pipeline.simulator import Simulator
 
 PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
 HOUR_MS = 3_600_000
