@@ -39,7 +39,8 @@ from typing import Any
 
 from mlflow import MlflowClient
 
-from pipeline.config import RegistryConfig, load_config
+from pipeline.config import RegistryConfig
+from pipeline.config_loader import load_config
 from serving_bridge.replica_processes import ReplicaProcesses, SwitchWatch
 from trainers.registry import MlflowModelStore
 from trainers.testing import publish_versions

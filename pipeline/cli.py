@@ -22,7 +22,8 @@ import warnings
 from pathlib import Path
 
 from pipeline.backtest_cli import add_input_arguments
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError
+from pipeline.config_loader import load_config
 
 __all__ = ["main"]
 

@@ -11,32 +11,40 @@ are ``SecretStr``: they come only from the environment, never from the file, and
 (``repr``, :meth:`Config.to_dict`, hence ``ctr config``, logs and lineage); a password in a URL
 (``daemon.redis_url``, ``registry.tracking_uri``) is masked the same way.
 
->>> cfg = load_config(env={"CTR_TRAINER_TRAIN_EVERY": "5000"})
->>> cfg.trainer.train_every
-5000
->>> load_config(env={"CTR_KAFKA_PARTITIONS": "0"})
-Traceback (most recent call last):
-...
-pipeline.config.ConfigError: kafka.partitions must be >= 1, got 0 (from CTR_KAFKA_PARTITIONS)
+The loader is :mod:`pipeline.config_loader` (:func:`~pipeline.config_loader.load_config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import os
-import re
-import tomllib
-from collections.abc import Mapping
 from dataclasses import field
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import SecretStr, field_validator
 from pydantic.dataclasses import dataclass
 
+from pipeline.config_types import (
+    CHECKED,
+    Compression,
+    ConfigError,
+    Count,
+    Device,
+    FeaturePath,
+    LogFormat,
+    ModelName,
+    Natural,
+    NonNegative,
+    OpenShare,
+    Port,
+    Positive,
+    SaslMechanism,
+    Seconds,
+    SecurityProtocol,
+    Share,
+    masked,
+)
+
 __all__ = [
-    "OTHER_ENV",
     "BacktestConfig",
     "Compression",
     "Config",
@@ -57,57 +65,18 @@ __all__ = [
     "SimulatorConfig",
     "TrainerConfig",
     "ValidationConfig",
-    "env_names",
-    "load_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
-
-
-# -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
-ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
-Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
-FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
-LogFormat = Literal["text", "json"]  # pipeline.logs
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
-SaslMechanism = Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]  # kafka_client._SASL, or none
-Compression = Literal["", "gzip", "snappy", "lz4", "zstd"]  # kafka-python's codecs, or none
-
-# -- the ranges --------------------------------------------------------------------------------
-Count = Annotated[int, Field(ge=1)]  # how many of something: at least one
-Natural = Annotated[int, Field(ge=0)]  # a count, size or time where 0 means what the comment says
-Seconds = Annotated[float, Field(ge=0)]  # a duration; 0 where the comment says what it means
-Positive = Annotated[float, Field(gt=0)]  # a duration, rate or scale that something divides by
-Share = Annotated[float, Field(ge=0, le=1)]  # a fraction of a whole
-OpenShare = Annotated[float, Field(gt=0, lt=1)]  # a fraction that must leave something on both sides
-Port = Annotated[int, Field(ge=0, le=65_535)]  # a TCP port; 0 = off
-NonNegative = Annotated[float, Field(ge=0)]  # a weight, exponent or regularization strength
-
-# validate_default: a default that breaks its own rule fails the first load, not a run hours later
-_CHECKED = ConfigDict(extra="forbid", validate_default=True)
-_URL_PASSWORD = re.compile(r"(//[^:/@]*):[^@/]*@")
-
-
-def _masked(value: Any) -> Any:
-    """The value as it may be shown: a URL without its password (secrets are SecretStr already)."""
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\1:***@", value)
-    if isinstance(value, tuple):
-        return tuple(_masked(v) for v in value)
-    return value
 
 
 class _Section:
     """What every section shares: a repr with secrets and URL passwords masked."""
 
     def __repr__(self) -> str:
-        shown = (f"{f.name}={_masked(getattr(self, f.name))!r}" for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        shown = (f"{f.name}={masked(getattr(self, f.name))!r}" for f in dataclasses.fields(self))  # type: ignore[arg-type]
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class ValidationConfig(_Section):
     max_event_bytes: Count = 65_536  # a raw event larger than this is a dead letter
     max_features: Count = 64  # most categorical / dense entries an impression may carry
@@ -120,7 +89,7 @@ class ValidationConfig(_Section):
     pseudonym_key: SecretStr = SecretStr("demo-only-not-secret")
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class JoinerConfig(_Section):
     attribution_window_s: Seconds = 900.0  # a click counts if it comes within this of its impression
     watermark_lag_s: Seconds = 60.0  # watermark = max event time seen - lag (tolerated disorder)
@@ -128,7 +97,7 @@ class JoinerConfig(_Section):
     dedup_horizon_s: Seconds = 3_600.0  # ids are remembered this long past their window for dedup
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class FeatureConfig(_Section):
     windows_s: tuple[Count, ...] = (3_600, 86_400)  # sliding windows of the streaming counters
     bucket_s: Count = 300  # granularity of the sliding windows
@@ -141,7 +110,7 @@ class FeatureConfig(_Section):
     project: str = "ctr"  # Feast project name (each replay gets its own store folder)
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class TrainerConfig(_Section):
     model: ModelName = "deepfm"  # deepfm | dcnv2 | lr
     train_every: Count = 100_000  # labelled examples per block
@@ -166,7 +135,7 @@ class TrainerConfig(_Section):
     threads: Natural = 0
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class RegistryConfig(_Section):
     tracking_uri: str = ""  # empty = sqlite:///<out>/mlflow.db (embedded profile)
     artifact_root: str = ""  # empty = <out>/mlartifacts
@@ -176,7 +145,7 @@ class RegistryConfig(_Section):
     optimizer_state: bool = False  # also store Adam moments in each version (3x artifact) for exact resume
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class ServingConfig(_Section):
     replicas: Count = 2  # in-process replicas (embedded profile)
     poll_interval_s: Positive = (
@@ -199,7 +168,7 @@ class ServingConfig(_Section):
     auth_token: SecretStr = SecretStr("")
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class SimulatorConfig(_Section):
     users: Count = 5_000
     items: Count = 1_000
@@ -221,7 +190,7 @@ class SimulatorConfig(_Section):
     early_click_max_delay_s: Seconds = 30.0  # only clicks this quick are skewed (impression arrives late)
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class BacktestConfig(_Section):
     # Labelled logs (Avazu, Criteo, OBD) become impressions plus clicks this much later (lognormal):
     click_delay_median_s: Positive = 30.0  # median impression -> click delay
@@ -240,7 +209,7 @@ class BacktestConfig(_Section):
     register: bool = False  # publish every accepted version to the MLflow registry (slow, full lineage)
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class JsonlConfig(_Section):
     # Read-time renames for JSONL logs in another vocabulary (pipeline/jsonl_mapping.py), as
     # "canonical=raw" pairs: "type=event_type" (the tag), "impression=imp" (a tag value), "user_id=uid".
@@ -248,7 +217,7 @@ class JsonlConfig(_Section):
     map_file: str = ""  # a JSON object of the same pairs ({"type": "event_type"}); empty = none
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
     impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
@@ -287,7 +256,7 @@ class KafkaConfig(_Section):
         return value.upper() if isinstance(value, str) else value
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class DaemonConfig(_Section):
     state_dir: str = "~/.cache/ctr-online/state/daemons"  # checkpoints of the joiner and the trainer
     checkpoint_every_s: Seconds = 5.0  # the joiner makes its output durable and commits this often
@@ -303,7 +272,7 @@ class DaemonConfig(_Section):
     replica_urls: tuple[str, ...] = ()  # the fleet's base URLs, for `ctr status` (comma-separated in env)
 
 
-@dataclass(config=_CHECKED, repr=False)
+@dataclass(config=CHECKED, repr=False)
 class Config(_Section):
     """Everything the pipeline reads. Sections map to the parts of the system."""
 
@@ -324,192 +293,5 @@ class Config(_Section):
         out: dict[str, Any] = {}
         for sec in dataclasses.fields(self):
             values = dataclasses.asdict(getattr(self, sec.name))
-            out[sec.name] = {k: _masked(v) for k, v in values.items() if not isinstance(v, SecretStr)}
+            out[sec.name] = {k: masked(v) for k, v in values.items() if not isinstance(v, SecretStr)}
         return out
-
-
-# CTR_ names that are not config fields but are read by something else here; any other CTR_ name
-# is an error (a typo, or a name nothing reads any more, must not fall back to a default silently)
-OTHER_ENV = frozenset(
-    {
-        # deploy/services.sh: where the local services live and listen
-        *("CTR_CACHE", "CTR_STATE", "CTR_VENV", "CTR_SERVICES_TIMEOUT"),
-        *("CTR_KAFKA_VERSION", "CTR_KAFKA_PORT", "CTR_KAFKA_CONTROLLER_PORT", "CTR_KAFKA_HEAP"),
-        *("CTR_KAFKA_LOG_LEVEL", "CTR_REDIS_PORT", "CTR_REDIS_PERSIST"),
-        *("CTR_MLFLOW_PORT", "CTR_MLFLOW_WORKERS", "CTR_MLFLOW_JOBS"),
-        *("CTR_KAFKA_CLI_HEAP", "CTR_KAFKA_CLI_LOG_LEVEL"),  # deploy/kafka-cli.sh
-        *("CTR_PYTHON", "CTR_VENV_ROOT"),  # deploy/venv.sh
-        "CTR_BIND_HOST",  # deploy/systemd/ctr-serve@.service (from ctr.env)
-        *("CTR_FEAST_PROJECT", "CTR_FEAST_REDIS"),  # features/repo/*.yaml placeholders
-        *("CTR_SERVICES_EXTERNAL", "CTR_TEST_REDIS_DB"),  # tests/integration/conftest.py
-    }
-)
-
-_SECTIONS: dict[str, type[Any]] = {
-    f.name: f.default_factory  # type: ignore[misc]
-    for f in dataclasses.fields(Config)
-}
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    name: {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)} for name, cls in _SECTIONS.items()
-}
-
-
-def _env_name(section: str, name: str) -> str:
-    return f"CTR_{section.upper()}_{name.upper()}"
-
-
-def env_names() -> dict[str, tuple[str, str]]:
-    """Every ``CTR_<SECTION>_<FIELD>`` name the loader reads -> ``(section, field)``.
-
-    >>> env_names()["CTR_KAFKA_PARTITIONS"]
-    ('kafka', 'partitions')
-    """
-    return {_env_name(sec, name): (sec, name) for sec, fields in _DEFAULTS.items() for name in fields}
-
-
-def _is_secret(section: str, name: str) -> bool:
-    return isinstance(_DEFAULTS[section][name], SecretStr)
-
-
-def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _shown(section: str, name: str, raw: Any) -> str:
-    return "'**********'" if _is_secret(section, name) else repr(_masked(raw))
-
-
-_NOT_A = {
-    "int_parsing": "not an integer",
-    "int_type": "not an integer",
-    "int_from_float": "not an integer",
-    "float_parsing": "not a number",
-    "float_type": "not a number",
-    "bool_parsing": "not a boolean (true/false, 1/0, yes/no, on/off)",
-    "bool_type": "not a boolean (true/false, 1/0, yes/no, on/off)",
-    "string_type": "not a string",
-    "tuple_type": "not a list",
-}
-_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-
-
-def _describe(section: str, exc: ValidationError, raws: dict[str, Any], origins: dict[str, str]) -> list[str]:
-    """One line per error: the field, the value, the rule, and the variable or file it came from."""
-    lines = []
-    for err in exc.errors():
-        name = str(err["loc"][0]) if err["loc"] else "?"
-        item = "".join(f"[{i}]" for i in err["loc"][1:])
-        where, raw = origins.get(name, "default"), raws.get(name, _DEFAULTS[section].get(name))
-        label, ctx = f"{section}.{name}{item}", err.get("ctx") or {}
-        if err["type"] in _NOT_A:
-            if where.startswith("CTR_"):
-                lines.append(
-                    f"Config '{where}' = {_shown(section, name, raw)}: {_NOT_A[err['type']]} ({label})"
-                )
-            else:
-                lines.append(
-                    f"Config '{label}' = {_shown(section, name, raw)} (from {where}): {_NOT_A[err['type']]}"
-                )
-            continue
-        if err["type"] in _BOUNDS:
-            rule = f"must be {_BOUNDS[err['type']]} {next(iter(ctx.values()))}"
-        elif err["type"] == "literal_error":
-            rule = f"must be one of {ctx.get('expected', '?').replace(' or ', ', ')}"
-        else:
-            rule = f"is invalid: {err['msg']}"
-        plain = err["type"] in _BOUNDS and isinstance(raw, str) and not item  # a number, as typed
-        got = raw if plain else _shown(section, name, raw)
-        lines.append(f"{label} {rule}, got {got} (from {where})")
-    return lines
-
-
-def _read_file(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"Config file {p} does not exist; pass an existing TOML file or none.")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"Config file {p} is not valid TOML: {exc}") from exc
-
-
-def _from_file(values: dict[str, Any], where: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The file's values by section, and one error per unknown section, unknown key or secret."""
-    out: dict[str, dict[str, Any]] = {}
-    errors = []
-    for section, table in values.items():
-        if section not in _SECTIONS:
-            errors.append(
-                f"Unknown config section [{section}] in {where}{_suggest(section, list(_SECTIONS))}"
-            )
-            continue
-        if not isinstance(table, dict):
-            errors.append(f"Config [{section}] in {where} must be a table of fields, got {table!r}")
-            continue
-        out[section] = {}
-        for key, raw in table.items():
-            known = list(_DEFAULTS[section])
-            if key not in _DEFAULTS[section]:
-                errors.append(f"Unknown config field '{section}.{key}' in {where}{_suggest(key, known)}")
-            elif _is_secret(section, key):
-                errors.append(
-                    f"Config '{section}.{key}' is a secret: set {_env_name(section, key)} "
-                    f"in the environment file, not in the config file ({where})."
-                )
-            elif isinstance(raw, str) and _URL_PASSWORD.search(raw):
-                errors.append(
-                    f"Config '{section}.{key}' carries a password, a secret: set {_env_name(section, key)} "
-                    f"in the environment file, not in the config file ({where})."
-                )
-            else:
-                out[section][key] = raw
-    return out, errors
-
-
-def _from_env(env: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], list[str]]:
-    """The ``CTR_<SECTION>_<FIELD>`` values by section, and one error per unknown ``CTR_`` name."""
-    names = env_names()
-    out: dict[str, dict[str, str]] = {}
-    errors = []
-    for key, raw in env.items():
-        if key in names:
-            section, name = names[key]
-            out.setdefault(section, {})[name] = raw
-        elif key.startswith("CTR_") and key not in OTHER_ENV:
-            errors.append(f"Unknown config variable {key}{_suggest(key, list(names))}")
-    return out, errors
-
-
-def _cast(section: str, name: str, raw: Any) -> Any:
-    """What pydantic cannot read from text by itself: a comma-separated list, and 1_000 in TOML."""
-    if isinstance(_DEFAULTS[section][name], tuple) and isinstance(raw, str):
-        return tuple(p.strip() for p in raw.split(",") if p.strip())
-    if isinstance(raw, bool) and not isinstance(_DEFAULTS[section][name], bool):
-        return str(raw).lower()  # pydantic would take true for 1: make it fail as "not an integer"
-    return raw
-
-
-def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Build a :class:`Config` from defaults, an optional TOML file and ``CTR_*`` variables.
-
-    Every error is collected first: one :class:`ConfigError` lists them all, a line each.
-    """
-    env = os.environ if env is None else env
-    where = str(path)
-    file_values, errors = _from_file(_read_file(path), where) if path is not None else ({}, [])
-    env_values, env_errors = _from_env(env)
-    errors += env_errors
-    sections: dict[str, Any] = {}
-    for section, cls in _SECTIONS.items():
-        raws: dict[str, Any] = {**file_values.get(section, {}), **env_values.get(section, {})}
-        origins = {n: where for n in file_values.get(section, {})}
-        origins |= {n: _env_name(section, n) for n in env_values.get(section, {})}
-        try:
-            sections[section] = cls(**{n: _cast(section, n, raw) for n, raw in raws.items()})
-        except ValidationError as exc:
-            errors += _describe(section, exc, raws, origins)
-    if errors:
-        head = "" if len(errors) == 1 else f"{len(errors)} config errors:\n  "
-        raise ConfigError(head + "\n  ".join(errors))
-    return Config(**sections)

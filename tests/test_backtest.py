@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 from pipeline.backtest import BacktestResult, run_backtest
 from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
 from pipeline.cli import main
-from pipeline.config import Config, load_config
+from pipeline.config import Config
+from pipeline.config_loader import load_config
 from pipeline.open_source import open_source
 from pipeline.simulator import Simulator
 from trainers.metrics import auc

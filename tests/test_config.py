@@ -13,7 +13,6 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from pipeline.config import (
-    OTHER_ENV,
     Config,
     ConfigError,
     DaemonConfig,
@@ -24,9 +23,8 @@ from pipeline.config import (
     SecurityProtocol,
     ServingConfig,
     ValidationConfig,
-    env_names,
-    load_config,
 )
+from pipeline.config_loader import OTHER_ENV, env_names, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -56,7 +56,7 @@ def test_every_exported_ctr_name_is_a_config_field() -> None:
 def test_eval_env_then_load_config_gives_the_services_addresses() -> None:
     """With non-default ports, so that a default that happens to match cannot pass the test."""
     code = (
-        "import json, shutil; from pipeline.config import load_config; c = load_config(); "
+        "import json, shutil; from pipeline.config_loader import load_config; c = load_config(); "
         "print(json.dumps([c.kafka.bootstrap_servers, c.daemon.redis_url, c.registry.tracking_uri, "
         "shutil.which('kafka-topics.sh')]))"
     )

@@ -11,7 +11,8 @@ import pytest
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
-from pipeline.config import ConfigError, KafkaConfig, load_config
+from pipeline.config import ConfigError, KafkaConfig
+from pipeline.config_loader import load_config
 from pipeline.events import DeadLetter, Impression, LabelledExample
 from pipeline.kafka_io import RateLimiter, kafka_client_kwargs, parse_snapshot
 from pipeline.kafka_offsets import OffsetBook

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import ConfigError, ServingConfig, load_config
+from pipeline.config import ConfigError, ServingConfig
+from pipeline.config_loader import load_config
 from pipeline.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter, arm_of
 from serving_bridge.feature_fallback import FallbackFeatures

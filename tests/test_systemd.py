@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.deploy import TEMPLATE_UNITS, UNITS, Installer, InstallOptions, parse_env_file
 from pipeline.systemd import Notifier
 

@@ -1,0 +1,71 @@
+"""The vocabulary of :mod:`pipeline.config`: its choices (``Literal``), its ranges, its error, masking.
+
+>>> masked("redis://:hunter2@127.0.0.1:6379/0")
+'redis://:***@127.0.0.1:6379/0'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+__all__ = [
+    "CHECKED",
+    "URL_PASSWORD",
+    "Compression",
+    "ConfigError",
+    "Count",
+    "Device",
+    "FeaturePath",
+    "LogFormat",
+    "ModelName",
+    "Natural",
+    "NonNegative",
+    "OpenShare",
+    "Port",
+    "Positive",
+    "SaslMechanism",
+    "Seconds",
+    "SecurityProtocol",
+    "Share",
+    "masked",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+# -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
+ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
+Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
+FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
+LogFormat = Literal["text", "json"]  # pipeline.logs
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
+SaslMechanism = Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]  # kafka_client._SASL, or none
+Compression = Literal["", "gzip", "snappy", "lz4", "zstd"]  # kafka-python's codecs, or none
+
+# -- the ranges --------------------------------------------------------------------------------
+Count = Annotated[int, Field(ge=1)]  # how many of something: at least one
+Natural = Annotated[int, Field(ge=0)]  # a count, size or time where 0 means what the comment says
+Seconds = Annotated[float, Field(ge=0)]  # a duration; 0 where the comment says what it means
+Positive = Annotated[float, Field(gt=0)]  # a duration, rate or scale that something divides by
+Share = Annotated[float, Field(ge=0, le=1)]  # a fraction of a whole
+OpenShare = Annotated[float, Field(gt=0, lt=1)]  # a fraction that must leave something on both sides
+Port = Annotated[int, Field(ge=0, le=65_535)]  # a TCP port; 0 = off
+NonNegative = Annotated[float, Field(ge=0)]  # a weight, exponent or regularization strength
+
+# validate_default: a default that breaks its own rule fails the first load, not a run hours later
+CHECKED = ConfigDict(extra="forbid", validate_default=True)
+URL_PASSWORD = re.compile(r"(//[^:/@]*):[^@/]*@")
+
+
+def masked(value: Any) -> Any:
+    """The value as it may be shown: a URL without its password (secrets are SecretStr already)."""
+    if isinstance(value, str):
+        return URL_PASSWORD.sub(r"\1:***@", value)
+    if isinstance(value, tuple):
+        return tuple(masked(v) for v in value)
+    return value
