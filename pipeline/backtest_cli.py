@@ -1,12 +1,15 @@
-"""`ctr backtest` and `ctr replay` (:mod:`pipeline.cli` dispatches here): JSONL input options, exit status.
+"""`ctr backtest`, `ctr demo --source` and `ctr produce --source` (:mod:`pipeline.cli` dispatches here).
 
-Both exit :data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` when more than half the events
-became dead letters, printing the top reasons, an example line and the ``--map`` that would read it.
+They share the log options (``--source``, ``--format``, the JSONL ``--map``/``--map-file``/``--clicks``)
+and one opener (:func:`pipeline.open_source.open_source`). A backtest or demo exits
+:data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` when more than half the events became dead
+letters, printing the top reasons, an example line and the ``--map`` that would read it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +64,7 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    """The JSONL input options of `ctr backtest` and `ctr replay` (pipeline/jsonl_mapping.py)."""
+    """The JSONL input options of the commands that read a log (pipeline/jsonl_mapping.py)."""
     p.add_argument(
         "--map",
         action="append",
@@ -89,7 +92,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"ctr: {exc}", file=sys.stderr)
         return 2
-    title = f"replay of {args.source} ({args.format}), a block every {cfg.trainer.train_every:,} examples"
+    title = f"demo over {args.source} ({args.format}), a block every {cfg.trainer.train_every:,} examples"
     extra = {"source": str(args.source), "format": args.format}
     counted = _Counted(source)
     path = args.out / "dead_letters.jsonl"
@@ -99,11 +102,29 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
         verdict = _replay_verdict(cfg, args, counted.events, path)
         if not verdict.failed:
             raise
-        return dead_letter_status("replay", verdict, path)
+        return dead_letter_status("demo", verdict, path)
     verdict = _replay_verdict(cfg, args, counted.events, path)
     if verdict.dead:
         print(f"dead letters by reason: {verdict.reasons_line()}")
-    return dead_letter_status("replay", verdict, path)
+    return dead_letter_status("demo", verdict, path)
+
+
+def produce_log(cfg: Config, args: argparse.Namespace) -> int:
+    """`ctr produce --source LOG`: the log, read as a backtest reads it, onto the event topics."""
+    from pipeline.kafka_io import ensure_topics, publish_source
+    from pipeline.open_source import open_source
+
+    try:
+        apply_input_options(cfg, args)
+        source = open_source(cfg, args.format, args.source, seed=args.seed, impressions=0, clicks=args.clicks)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ctr: {exc}", file=sys.stderr)
+        return 2
+    k = cfg.kafka
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
+    counts = publish_source(k, source, rate=args.rate, progress=True, validation=cfg.validation)
+    print(json.dumps(counts))
+    return 0
 
 
 def _replay_verdict(cfg: Config, args: argparse.Namespace, events: int, path: Path) -> Diagnosis:

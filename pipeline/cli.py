@@ -1,9 +1,9 @@
 """The `ctr` command line.
 
-ctr demo       the whole loop in one process on the drifting simulator (embedded profile)
+ctr demo       the whole loop in one process with replicas: the drifting simulator, or --source LOG
 ctr simulate   write a simulated impression/click stream to a JSONL file
-ctr replay     run the loop over a JSONL or Avazu CSV file (embedded profile): a backtest
-ctr backtest   replay a log at full speed, compare online vs static vs FTRL, write a report
+ctr backtest   replay a log at full speed on the daemons' engine, compare online vs static vs FTRL
+ctr produce    publish the simulated stream, or --source LOG, to Kafka for the daemons
 ctr status     services, lag, throughput, models and replicas on one screen (--json)
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
 ctr rollback   move the champion alias to an older version, with who/when/why (serving_bridge/rollback.py)
@@ -24,8 +24,16 @@ from pathlib import Path
 from pipeline.backtest_cli import add_input_arguments
 from pipeline.config import ConfigError
 from pipeline.config_loader import load_config
+from pipeline.open_source import FORMATS
 
 __all__ = ["main"]
+
+
+def _log_arguments(p: argparse.ArgumentParser) -> None:
+    """--source/--format and the JSONL input options (a log instead of the simulator)."""
+    p.add_argument("--source", type=Path, help="a log file or folder instead of the simulator")
+    p.add_argument("--format", choices=[f for f in FORMATS if f != "simulator"], default="jsonl")
+    add_input_arguments(p)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,31 +42,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="run the whole loop in one process on the drifting simulator")
+    d = sub.add_parser("demo", help="the whole loop in one process, with replicas: simulator or --source log")
     d.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (wiped first)")
     d.add_argument("--impressions", type=int, default=650_000, help="simulated impressions")
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
+    _log_arguments(d)
 
     s = sub.add_parser("simulate", help="write a simulated stream to a JSONL file")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--impressions", type=int, default=100_000)
     s.add_argument("--seed", type=int, default=7)
 
-    r = sub.add_parser("replay", help="run the loop over a historical file (backtest, embedded profile)")
-    r.add_argument("--source", type=Path, required=True, help="JSONL file (or Avazu train.csv)")
-    r.add_argument("--format", choices=["jsonl", "avazu"], default="jsonl")
-    r.add_argument("--out", type=Path, default=Path("runs/replay"))
-    r.add_argument("--train-every", type=int)
-
+    r = sub.add_parser(
+        "replay", help="folded into `ctr backtest`, `ctr demo --source`, `ctr produce --source`"
+    )
+    for flag in (
+        "--source",
+        "--format",
+        "--out",
+        "--train-every",
+        "--rate",
+    ):  # its old options: it says what to use
+        r.add_argument(flag)
+    r.add_argument("--to-kafka", action="store_true")
     add_input_arguments(r)
-    r.add_argument("--to-kafka", action="store_true", help="publish the file to the Kafka topics")
-    r.add_argument("--rate", type=float, help="with --to-kafka: events per second (default: max)")
 
-    pr = sub.add_parser("produce", help="publish a simulated stream to Kafka")
-    pr.add_argument("--impressions", type=int, default=100_000)
+    pr = sub.add_parser("produce", help="publish the simulated stream, or a --source log, to Kafka")
+    pr.add_argument("--impressions", type=int, default=100_000, help="simulated impressions")
     pr.add_argument("--seed", type=int, default=7)
     pr.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    _log_arguments(pr)
 
     for name, what in (("joiner", "impressions + clicks -> examples"), ("trainer", "examples -> versions")):
         dp = sub.add_parser(name, help=f"daemon: {what}")
@@ -71,9 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("backtest", help="replay a log through the live loop; report vs static and FTRL")
     b.add_argument("--source", type=Path, help="file or folder (OBD: the dataset folder); not for simulator")
-    b.add_argument(
-        "--format", choices=["jsonl", "avazu", "criteo", "obd", "parquet", "simulator"], default="jsonl"
-    )
+    b.add_argument("--format", choices=FORMATS, default="jsonl")
     b.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
     b.add_argument("--model", choices=["deepfm", "dcnv2", "lr"], help="default: config (deepfm)")
     b.add_argument("--attribution-window", type=float, help="seconds (default: config, 900)")
@@ -140,26 +152,27 @@ def main(argv: list[str] | None = None) -> int:
         n = write_jsonl(Simulator(cfg.simulator, args.seed).stream(args.impressions), args.out)
         print(f"wrote {n:,} events to {args.out}")
         return 0
+    if args.command == "demo" and args.source is not None:
+        from pipeline.backtest_cli import replay
+
+        return replay(cfg, args)
     if args.command == "demo":
         from pipeline.runner import run_demo
 
         run_demo(cfg, args.out, args.impressions, args.seed)
         return 0
-    if args.command == "replay" and args.to_kafka:
-        from pipeline.kafka_io import replay_file_to_kafka
-
-        if args.map or args.map_file or args.clicks:
-            print("ctr: --map, --map-file and --clicks are not supported with --to-kafka", file=sys.stderr)
-            return 2
-        counts = replay_file_to_kafka(
-            cfg.kafka, args.source, rate=args.rate, progress=True, validation=cfg.validation
-        )
-        print(json.dumps(counts))
-        return 0
     if args.command == "replay":
-        from pipeline.backtest_cli import replay
+        print(
+            "ctr: `ctr replay` was folded into the commands that share its engine: `ctr backtest --source "
+            "LOG` (a replay with baselines and a report), `ctr demo --source LOG` (with in-process "
+            "replicas), `ctr produce --source LOG` (the log to Kafka, for the daemons)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.command == "produce" and args.source is not None:
+        from pipeline.backtest_cli import produce_log
 
-        return replay(cfg, args)
+        return produce_log(cfg, args)
     if args.command == "backtest":
         from pipeline.backtest_cli import backtest
 

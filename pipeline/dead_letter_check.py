@@ -3,7 +3,7 @@
 A log in another vocabulary (tagged ``"event_type"``, ``"uid"`` for ``user_id``) is rejected line by
 line: the run "succeeds" with no examples. :func:`diagnose` turns the dead-letter counts and the
 first dead letters into a verdict: more than :data:`FAIL_SHARE` of the events dead fails the run
-(``ctr backtest`` / ``ctr replay`` exit :data:`EXIT_MOSTLY_DEAD`), and the keys of the first
+(``ctr backtest`` / ``ctr demo --source`` exit :data:`EXIT_MOSTLY_DEAD`), and the keys of the first
 rejected lines suggest the ``--map`` pairs (:mod:`pipeline.jsonl_mapping`) that would read them.
 
 >>> d = diagnose(10, {"unknown_field": 10}, [{"reason": "unknown_field", "detail": "unknown field "

@@ -9,7 +9,7 @@ its reference, so validation refuses it. A gap in event time is never a reason t
 gap, the events that follow agree with the first event past it, and the events before the gap are
 judged only against those before them.
 
-``ctr replay --to-kafka`` and ``ctr produce`` stamp each record with this reference, so the
+``ctr produce`` (of the simulator or of a log) stamps each record with this reference, so the
 joiner daemon judges a replayed log exactly as ``ctr backtest`` does.
 
 >>> ref = EnteredTime(max_future_skew_s=300, max_past_age_s=86_400)

@@ -52,7 +52,7 @@ from pipeline.kafka_client import (
     kafka_client_kwargs,
 )
 from pipeline.kafka_offsets import OffsetBook, RebalanceListener, parse_snapshot, snapshot_key
-from pipeline.kafka_publish import RateLimiter, publish_stream, replay_file_to_kafka
+from pipeline.kafka_publish import RateLimiter, publish_source, publish_stream
 from pipeline.types import Clock
 
 __all__ = [
@@ -66,8 +66,8 @@ __all__ = [
     "ensure_topics",
     "kafka_client_kwargs",
     "parse_snapshot",
+    "publish_source",
     "publish_stream",
-    "replay_file_to_kafka",
 ]
 
 log = logging.getLogger(__name__)

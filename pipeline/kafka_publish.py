@@ -1,4 +1,4 @@
-"""``ctr produce`` and file replays onto the event topics, at a fixed rate or as fast as possible.
+"""``ctr produce``: the simulator or a log onto the event topics, at a fixed rate or as fast as possible.
 
 Impressions go to ``impressions_topic`` and clicks to ``clicks_topic`` as JSON, keyed by ``user_id``
 (the same key and partition count put a user's impressions and clicks on the same partition number,
@@ -18,17 +18,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from pipeline.avazu_source import AvazuCsvSource
 from pipeline.config import KafkaConfig, ValidationConfig
 from pipeline.entered_time import EnteredTime
 from pipeline.kafka_client import KafkaSink
-from pipeline.sources import JsonlSource
 from pipeline.types import EventKind, RawEvent, Source
 
-__all__ = ["RateLimiter", "publish_stream", "replay_file_to_kafka"]
+__all__ = ["RateLimiter", "publish_source", "publish_stream"]
 
 
 class RateLimiter:
@@ -151,21 +148,18 @@ def publish_stream(
     return _publish(cfg, _stamped(_chunks(events), validation), rate, flush_every, progress)
 
 
-def replay_file_to_kafka(
+def publish_source(
     cfg: KafkaConfig,
-    source: str | Path | Source,
+    source: Source,
     rate: float | None = None,
     flush_every: int = 50_000,
     progress: bool = False,
     validation: ValidationConfig | None = None,
 ) -> dict[str, int]:
-    """Publish a log file (``.csv``: Avazu, else JSONL) or any :class:`Source` to the event topics.
+    """``ctr produce --source``: publish any :class:`Source` (a log from
+    :func:`pipeline.open_source.open_source`) to the event topics, stamped like :func:`publish_stream`.
 
     Lines the file source could not parse are published as their raw bytes, so the ingesting daemon
     dead-letters them with a reason, exactly as a replay without Kafka would.
     """
-    if isinstance(source, str | Path):
-        path = Path(source)
-        source = AvazuCsvSource(path) if path.suffix == ".csv" else JsonlSource([path])
-
     return _publish(cfg, _stamped(source.batches(), validation), rate, flush_every, progress)

@@ -1,4 +1,4 @@
-"""Run the loop in one process (embedded profile): `ctr demo` and `ctr replay`.
+"""Run the loop in one process (embedded profile): `ctr demo`, on the simulator or a log (--source).
 
 Wires the embedded adapters (:class:`~pipeline.embedded.EmbeddedStack`: JSONL dead letters, Feast
 with its SQLite online store, MLflow with a local SQLite tracking store, in-process replicas) around

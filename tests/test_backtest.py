@@ -278,13 +278,13 @@ def test_the_map_as_a_config_field(logs: dict[str, Path]) -> None:
 
 
 @pytest.mark.slow
-def test_replay_without_the_map_exits_3_and_names_it(
+def test_a_demo_over_a_log_without_the_map_exits_3_and_names_it(
     logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {**SMALL_ENV, "CTR_TRAINER_MODEL": "lr"}.items():
             mp.setenv(k, v)
-        rc = main(["replay", "--source", str(logs["other"]), "--train-every", "1000", "--out", str(tmp_path)])
+        rc = main(["demo", "--source", str(logs["other"]), "--train-every", "1000", "--out", str(tmp_path)])
     assert rc == 3 and "pass --map type=event_type" in capsys.readouterr().err
 
 

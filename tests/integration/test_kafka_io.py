@@ -38,11 +38,12 @@ from pipeline.kafka_io import (
     KafkaUnavailableError,
     caught_up,
     ensure_topics,
+    publish_source,
     publish_stream,
-    replay_file_to_kafka,
 )
 from pipeline.kafka_sources import KafkaEventSource, KafkaExampleSource
 from pipeline.simulator import Simulator
+from pipeline.sources import JsonlSource
 from pipeline.types import EventKind, RawEvent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -398,7 +399,7 @@ def test_example_source_splits_examples_from_dead_letters(kafka_cfg: KafkaConfig
     assert {(f"{d.source}:{d.partition}", d.offset) for d in dead}.isdisjoint(where)
 
 
-def test_replay_file_and_ensure_topics(
+def test_publish_a_log_and_ensure_topics(
     kafka_cfg: KafkaConfig,
     kafka_group: str,
     kafka_admin: KafkaAdminClient,
@@ -409,9 +410,9 @@ def test_replay_file_and_ensure_topics(
     write_jsonl(stream(300), path)
     with path.open("ab") as f:
         f.write(b"not an event\n")
-    counts = replay_file_to_kafka(kafka_cfg, path, rate=2_000, progress=True)
+    counts = publish_source(kafka_cfg, JsonlSource([path]), rate=2_000, progress=True)
     assert sum(counts.values()) == 301
-    assert "published: " in capsys.readouterr().err  # the progress bar (`ctr replay --to-kafka`)
+    assert "published: " in capsys.readouterr().err  # the progress bar (`ctr produce --source`)
     with source(kafka_cfg, kafka_group) as src:
         got = drain(src, 301)
     assert len(got) == 301 and b"not an event" in {e.value for e in got}

@@ -6,7 +6,7 @@ The stream is the simulator's (its arrival order has duplicates, clicks before t
 and clicks past the window), with clicks that were never for any impression (orphans) and one
 closing impression per partition two hours later, so every real window closes in both runs (the
 daemons never flush open windows; a backtest does at its end). The JSONL file is backtested, and
-the same file goes to Kafka with `ctr replay --to-kafka`, where `ctr joiner` and `ctr trainer` run
+the same file goes to Kafka with `ctr produce --source`, where `ctr joiner` and `ctr trainer` run
 until idle. Only full blocks are compared: a backtest also scores its last, partial block.
 """
 
@@ -133,7 +133,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         backtest_blocks = [row for row in csv.DictReader(f) if int(row["examples"]) == BLOCK]
 
     # the daemons, over Kafka, Redis and the MLflow server
-    run(["replay", "--to-kafka", "--source", str(stream)], env, tmp_path / "replay.log")
+    run(["produce", "--source", str(stream)], env, tmp_path / "produce.log")
     run(["joiner", "--exit-when-idle", "10"], env, tmp_path / "joiner.log")
     trained = json.loads(
         run(["trainer", "--exit-when-idle", "15"], env, tmp_path / "trainer.log").splitlines()[-1]
