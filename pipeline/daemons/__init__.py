@@ -1,0 +1,1 @@
+"""The always-on main loops: `ctr joiner`, `ctr trainer`."""

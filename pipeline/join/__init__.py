@@ -1,0 +1,1 @@
+"""The joiner: event-time join, partition tasks, their merge, the replay's partitioned join."""

@@ -1,0 +1,1 @@
+"""Kafka adapters: client, offsets, group sources, sinks, publishing."""

@@ -1,0 +1,1 @@
+"""The operator's side: the `ctr` command line, `ctr status`, `ctr deploy`."""

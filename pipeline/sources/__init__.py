@@ -1,0 +1,1 @@
+"""Event sources for replays: the simulator, JSONL, Avazu, Criteo, Open Bandit, Parquet."""
