@@ -25,8 +25,11 @@ faults: services-up  ## fault injection and hostile input against the real servi
 unit:  ## only the fast tests (no services, nothing slow)
 	@venv=$(VENV); $$venv/bin/python -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
 
-check:  ## ruff (lint + format check) and mypy
-	@venv=$(VENV); $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/mypy
+check:  ## ruff (lint + format check), mypy, the layers (import-linter), dead code (vulture), module size
+	@venv=$(VENV); $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/mypy && \
+	$$venv/bin/lint-imports --no-cache && \
+	$$venv/bin/vulture pipeline features trainers serving_bridge --min-confidence 80 --ignore-names revoked,explain && \
+	find pipeline -name '*.py' -exec wc -l {} + | awk '$$2 != "total" && $$1 > 300 {print "over 300 lines (split it):", $$2, $$1; bad = 1} END {exit bad}'
 
 format:  ## apply ruff's formatter and autofixes
 	@venv=$(VENV); $$venv/bin/ruff format . && $$venv/bin/ruff check --fix .

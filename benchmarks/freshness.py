@@ -46,10 +46,10 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from pipeline.checkpoints import file_lock
-from pipeline.config import Config, KafkaConfig
-from pipeline.kafka_io import KafkaSink, RateLimiter, ensure_topics
-from pipeline.simulator import Simulator
+from pipeline.core.checkpoints import file_lock
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.io import KafkaSink, RateLimiter, ensure_topics
+from pipeline.sources.simulator import Simulator
 from serving_bridge.server import kafka_partition
 
 RESULTS = Path(__file__).parent / "results"
@@ -113,8 +113,11 @@ class Producer:
         with KafkaSink(self.cfg, self.cfg.impressions_topic) as sink:
             for kind, ev in events:
                 limiter.acquire()
-                sink.send(
-                    ev["user_id"].encode(), json.dumps(ev, separators=(",", ":")).encode(), topics[kind]
+                sink.send(  # stamped with the event time, as `ctr produce` stamps a replay
+                    ev["user_id"].encode(),
+                    json.dumps(ev, separators=(",", ":")).encode(),
+                    topics[kind],
+                    timestamp_ms=ev["ts"],
                 )
                 now, p = time.time(), kafka_partition(ev["user_id"], PARTITIONS)
                 self.ts[p].append(ev["ts"])
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             log = ((args.logs or tmp) / f"{cli[0]}-{len(procs)}.log").open("wb")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "pipeline.cli", *cli], env=env, stdout=log, stderr=log
+                    [sys.executable, "-m", "pipeline.ops.cli", *cli], env=env, stdout=log, stderr=log
                 )
             )
 

@@ -28,7 +28,7 @@ echo "== CUDA decisions and row-wise Adam (CPU tests)"
 echo "== one block on CUDA: host syncs and learning"
 "$py" - <<'EOF' 2>&1 | tee "$out/cuda_step.txt"
 import warnings, numpy as np, torch
-from pipeline.config import TrainerConfig
+from pipeline.core.config import TrainerConfig
 from trainers.learner import TorchLearner
 from trainers.encoding import Encoder
 from trainers.metrics import auc

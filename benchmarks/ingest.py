@@ -11,7 +11,7 @@ One simulated stream is published to fresh uuid-named topics; then, in the same 
    With the raw consumer it gives ``kafka_python_bound_events_per_s``: the most any joiner that
    reads every event and writes one record per example with kafka-python in one process could
    reach, before joining anything (``1 / (1/consumer + examples/events / producer)``);
-4. **joiner over Kafka**: :class:`pipeline.joiner_daemon.JoinerDaemon` (what ``ctr joiner`` runs) in
+4. **joiner over Kafka**: :class:`pipeline.daemons.joiner.JoinerDaemon` (what ``ctr joiner`` runs) in
    this process, with its consumer group, examples and dead-letter producers, Feast pushes to Redis
    (db 15) and checkpoints, until it has read everything and gone idle.
 
@@ -43,14 +43,14 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.events import DeadLetter
-from pipeline.joiner_daemon import JoinerDaemon
-from pipeline.kafka_io import ensure_topics, publish_stream
-from pipeline.partition_task import PartitionTask
-from pipeline.simulator import Simulator
-from pipeline.types import ManualClock, RawEvent
-from pipeline.validation import Validator
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.core.events import DeadLetter
+from pipeline.core.types import ManualClock, RawEvent
+from pipeline.core.validation import Validator
+from pipeline.daemons.joiner import JoinerDaemon
+from pipeline.join.partition_task import PartitionTask
+from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.sources.simulator import Simulator
 from serving_bridge.server import kafka_partition
 
 RESULTS = Path(__file__).parent / "results"

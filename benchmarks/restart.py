@@ -36,8 +36,8 @@ from typing import Any
 from freshness import PARTITIONS, RESULTS, Producer, env_for, fresh_topics, service_urls
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from pipeline.config import Config
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config
+from pipeline.sources.simulator import Simulator
 
 
 class ExampleCount:
@@ -84,7 +84,7 @@ def run_mode(mode: str, args: argparse.Namespace, urls: dict[str, str]) -> dict[
 
         def start() -> subprocess.Popen[bytes]:
             logs.append((tmp / f"joiner-{len(logs)}.log").open("wb"))
-            cmd = [sys.executable, "-m", "pipeline.cli", "joiner"]
+            cmd = [sys.executable, "-m", "pipeline.ops.cli", "joiner"]
             return subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT)
 
         proc = start()

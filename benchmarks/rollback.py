@@ -39,8 +39,8 @@ from typing import Any
 
 from mlflow import MlflowClient
 
-from pipeline.config import RegistryConfig
-from pipeline.config_loader import load_config
+from pipeline.core.config import RegistryConfig
+from pipeline.core.config_loader import load_config
 from serving_bridge.replica_processes import ReplicaProcesses, SwitchWatch
 from trainers.registry import MlflowModelStore
 from trainers.testing import publish_versions
@@ -60,7 +60,7 @@ def service_urls() -> dict[str, str]:
 def move(method: str, target: str, store: MlflowModelStore, env: dict[str, str]) -> None:
     if method == "ctr rollback":
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "rollback", "--to", target, "--reason", "benchmark"],
+            [sys.executable, "-m", "pipeline.ops.cli", "rollback", "--to", target, "--reason", "benchmark"],
             env={**os.environ, **env},
             capture_output=True,
             text=True,

@@ -75,9 +75,9 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
     """A production Feast store on db 15 holding features of ``--users`` users and ``--items`` items."""
     from features.aggregations import StreamingFeatures
     from features.store import FeatureWriter, open_store
-    from pipeline.config import Config, FeatureConfig
-    from pipeline.partition_task import item_shard_key
-    from pipeline.pseudonyms import Pseudonymizer
+    from pipeline.core.config import Config, FeatureConfig
+    from pipeline.core.partitioning import item_shard_key
+    from pipeline.core.pseudonyms import Pseudonymizer
     from serving_bridge.server import kafka_partition
 
     cfg = Config()
@@ -106,7 +106,7 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
 
 def publish_versions(args: argparse.Namespace, model_name: str, experiment: str) -> list[str]:
     """Two versions of the default DeepFM (``--buckets`` rows) in the MLflow server."""
-    from pipeline.config import RegistryConfig, TrainerConfig
+    from pipeline.core.config import RegistryConfig, TrainerConfig
     from trainers.encoding import Encoder
     from trainers.learner import TorchLearner
     from trainers.registry import MlflowModelStore
@@ -133,7 +133,7 @@ def free_port() -> int:
 def start_replica(env: dict[str, str], feature_path: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "pipeline.ops.cli", "serve", "--port", str(port)],
         env={**env, "CTR_SERVING_FEATURE_PATH": feature_path},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

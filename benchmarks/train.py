@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import TrainerConfig
+from pipeline.core.config import TrainerConfig
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.learner import TorchLearner
 from trainers.models import build_model

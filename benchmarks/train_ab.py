@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import TrainerConfig
+from pipeline.core.config import TrainerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train import make_learner, synthetic_block  # a script beside this one

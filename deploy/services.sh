@@ -401,7 +401,7 @@ mlflow_wait() { wait_healthy mlflow "$MLFLOW_PID" "$(mlflow_marker)" "$MLFLOW_LO
 # ---------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------
-# the names pipeline/config.py reads (CTR_<SECTION>_<FIELD>: kafka.bootstrap_servers,
+# the names pipeline/core/config.py reads (CTR_<SECTION>_<FIELD>: kafka.bootstrap_servers,
 # daemon.redis_url, registry.tracking_uri), so `ctr` and the tests in this shell use these services;
 # PATH gets Kafka's own CLI (deploy/kafka/bin/kafka-topics.sh, ...)
 print_env() {

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 __all__ = ["FEATURE_NAMES", "FeatureRow", "StreamingFeatures", "entity_feature_names", "feature_names"]
 

@@ -34,7 +34,7 @@ from redis.retry import Retry
 
 from features.aggregations import StreamingFeatures
 from features.repo.definitions import JOIN_KEYS
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 __all__ = ["RedisFeatureReader", "entity_redis_key", "feature_field", "parse_feast_connection_string"]
 

@@ -37,8 +37,8 @@ from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
 from features.aggregations import FeatureRow, StreamingFeatures, entity_feature_names
 from features.repo.definitions import JOIN_KEYS, OFFLINE_DIR, TIMESTAMP_FIELD, definitions
-from pipeline.checkpoints import file_lock, temp_path
-from pipeline.config import FeatureConfig
+from pipeline.core.checkpoints import file_lock, temp_path
+from pipeline.core.config import FeatureConfig
 
 __all__ = ["FeatureWriter", "OnlineFeatureReader", "connect_store", "open_store", "redis_connection_string"]
 

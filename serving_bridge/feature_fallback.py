@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from features.aggregations import StreamingFeatures
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 __all__ = ["FallbackFeatures"]
 

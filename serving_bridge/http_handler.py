@@ -23,7 +23,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from pipeline.metrics import CONTENT_TYPE
+from pipeline.core.metrics import CONTENT_TYPE
 from serving_bridge.openapi import validate
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from features.store import OnlineFeatureReader, connect_store
-from pipeline.checkpoints import file_lock
-from pipeline.config import Config
-from pipeline.pseudonyms import Pseudonymizer
+from pipeline.core.checkpoints import file_lock
+from pipeline.core.config import Config
+from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica

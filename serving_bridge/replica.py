@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.events import Impression
-from pipeline.partition_task import item_shard_key
-from pipeline.pseudonyms import Pseudonymizer
+from pipeline.core.events import Impression
+from pipeline.core.partitioning import item_shard_key
+from pipeline.core.pseudonyms import Pseudonymizer
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 

@@ -73,7 +73,7 @@ class ReplicaProcesses:
             port = free_port()
             with (log_dir / f"serve-{port}.log").open("wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)],
+                    [sys.executable, "-m", "pipeline.ops.cli", "serve", "--port", str(port)],
                     env={**os.environ, **env},
                     stdout=log,
                     stderr=subprocess.STDOUT,

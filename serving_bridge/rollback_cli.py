@@ -13,7 +13,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from pipeline.config import Config
+from pipeline.core.config import Config
 
 if TYPE_CHECKING:
     from serving_bridge.rollback import ModelRegistry

@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 from kafka.partitioner.default import murmur2
 
-from pipeline import logs, systemd
-from pipeline.config import ServingConfig
-from pipeline.metrics import Registry
+from pipeline.core import logs, systemd
+from pipeline.core.config import ServingConfig
+from pipeline.core.metrics import Registry
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_handler import ReplicaHandler

@@ -3,7 +3,7 @@
 :func:`corpus` interleaves a valid stream (impressions and their clicks, dated ``start_ms`` onwards)
 with at least ``hostile`` bad events. Each bad event carries its expected fate:
 
-- a dead-letter reason (:data:`pipeline.events.REASONS`) for everything validation refuses, and
+- a dead-letter reason (:data:`pipeline.core.events.REASONS`) for everything validation refuses, and
   ``user_mismatch`` for a click whose user differs from its impression's (the joiner refuses it);
 - a documented joiner rule otherwise: ``duplicate_impression`` / ``duplicate_click`` (dropped and
   counted: at-least-once delivery repeats messages) and ``unknown_impression`` (a click whose

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.backtest import BacktestResult, run_backtest
-from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
-from pipeline.cli import main
-from pipeline.config import Config
-from pipeline.config_loader import load_config
-from pipeline.open_source import open_source
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config
+from pipeline.core.config_loader import load_config
+from pipeline.ops.cli import main
+from pipeline.replay.backtest import BacktestResult, run_backtest
+from pipeline.replay.bootstrap import paired_bootstrap_auc, percentile_ci, weighted_auc
+from pipeline.sources.open import open_source
+from pipeline.sources.simulator import Simulator
 from trainers.metrics import auc
 
 OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
@@ -289,8 +289,8 @@ def test_a_demo_over_a_log_without_the_map_exits_3_and_names_it(
 
 
 def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
-    from pipeline.dead_letter_check import diagnose
-    from pipeline.jsonl_mapping import JsonlMapping
+    from pipeline.replay.dead_letter_check import diagnose
+    from pipeline.sources.jsonl_mapping import JsonlMapping
 
     imp = {"impression_id": "i1", "ts": 1_767_225_600_000, "user_id": "u", "item_id": "a"}
 

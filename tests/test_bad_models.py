@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import TrainerConfig
-from pipeline.events import LabelledExample
-from pipeline.pseudonyms import Pseudonymizer
+from pipeline.core.config import TrainerConfig
+from pipeline.core.events import LabelledExample
+from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.replica import Replica
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from pipeline.config import (
+from pipeline.core.config import (
     Config,
     ConfigError,
     DaemonConfig,
@@ -24,7 +24,7 @@ from pipeline.config import (
     ServingConfig,
     ValidationConfig,
 )
-from pipeline.config_loader import OTHER_ENV, env_names, load_config
+from pipeline.core.config_loader import OTHER_ENV, env_names, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,7 +128,7 @@ def test_kafka_names_are_case_insensitive_as_before() -> None:
 
 
 def test_the_choices_are_those_of_the_code_that_acts_on_them() -> None:
-    from pipeline import kafka_client
+    from pipeline.kafka import client as kafka_client
     from serving_bridge.process import FEATURE_PATHS
     from trainers.models import MODELS
 
@@ -262,7 +262,7 @@ def test_a_password_in_a_url_is_masked_and_stays_out_of_the_file(tmp_path: Path)
 def test_ctr_config_prints_no_secret(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
+    from pipeline.ops.cli import main
 
     monkeypatch.setenv("CTR_KAFKA_SASL_PASSWORD", "s3cret-value")
     monkeypatch.setenv("CTR_DAEMON_REDIS_URL", "redis://:pw0rd@h:6379/0")
@@ -275,7 +275,7 @@ def test_ctr_config_prints_no_secret(
 def test_ctr_exits_2_naming_the_bad_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
+    from pipeline.ops.cli import main
 
     monkeypatch.setenv("CTR_KAFKA_PARTITIONS", "abc")
     assert main(["config"]) == 2

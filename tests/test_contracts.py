@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from pipeline.avazu_source import AvazuCsvSource
-from pipeline.backtest import LocalVersions
 from pipeline.checks import (
     ContractError,
     check_feature_reader,
@@ -21,13 +19,15 @@ from pipeline.checks import (
     check_model_store,
     check_source,
 )
-from pipeline.config import SimulatorConfig, TrainerConfig
-from pipeline.idempotent_store import IdempotentStore
-from pipeline.jsonl_mapping import JsonlMapping, write_jsonl
-from pipeline.parquet_source import ParquetSource, write_parquet
-from pipeline.readers import CriteoTsvSource, ObdCsvSource
-from pipeline.simulator import Simulator
-from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
+from pipeline.core.config import SimulatorConfig, TrainerConfig
+from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.replay.backtest import LocalVersions
+from pipeline.sources.avazu import AvazuCsvSource
+from pipeline.sources.jsonl_mapping import JsonlMapping, write_jsonl
+from pipeline.sources.parquet import ParquetSource, write_parquet
+from pipeline.sources.readers import CriteoTsvSource, ObdCsvSource
+from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import JsonlSource, MergedJsonlSource, SimulatorSource
 from tests.test_readers import criteo_rows
 from tests.test_trainer_daemon import FakeDaemon
 from trainers.encoding import Encoder
@@ -221,6 +221,6 @@ def test_the_trainer_daemon_store_raises_an_unknown_version_at_once(monkeypatch:
         )
 
     monkeypatch.setattr(store.inner, "set_alias", missing)
-    monkeypatch.setattr("pipeline.trainer_daemon.time.sleep", lambda s: pytest.fail("retried"))
+    monkeypatch.setattr("pipeline.daemons.trainer.time.sleep", lambda s: pytest.fail("retried"))
     with pytest.raises(MlflowException, match="version=9"):
         store.set_alias("champion", "9")

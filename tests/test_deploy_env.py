@@ -1,4 +1,4 @@
-"""`deploy/services.sh env` exports the names pipeline/config.py reads, with the services' addresses.
+"""`deploy/services.sh env` exports the names pipeline/core/config.py reads, with the services' addresses.
 
 No service runs here: `env` only prints what `up` would start (ports from CTR_*_PORT).
 """
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.core.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES_SH = REPO / "deploy" / "services.sh"
@@ -48,7 +48,7 @@ def test_every_exported_ctr_name_is_a_config_field() -> None:
     exported = re.findall(r"^export (CTR_[A-Z0-9_]+)=", printed, flags=re.M)
     assert exported, printed
     unknown = set(exported) - config_env_names()
-    assert not unknown, f"services.sh exports {sorted(unknown)}, which pipeline/config.py does not read"
+    assert not unknown, f"services.sh exports {sorted(unknown)}, which pipeline/core/config.py does not read"
     addresses = {"CTR_KAFKA_BOOTSTRAP_SERVERS", "CTR_DAEMON_REDIS_URL", "CTR_REGISTRY_TRACKING_URI"}
     assert addresses <= set(exported), exported
 
@@ -56,7 +56,7 @@ def test_every_exported_ctr_name_is_a_config_field() -> None:
 def test_eval_env_then_load_config_gives_the_services_addresses() -> None:
     """With non-default ports, so that a default that happens to match cannot pass the test."""
     code = (
-        "import json, shutil; from pipeline.config_loader import load_config; c = load_config(); "
+        "import json, shutil; from pipeline.core.config_loader import load_config; c = load_config(); "
         "print(json.dumps([c.kafka.bootstrap_servers, c.daemon.redis_url, c.registry.tracking_uri, "
         "shutil.which('kafka-topics.sh')]))"
     )

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Config
-from pipeline.jsonl_mapping import write_jsonl
-from pipeline.runner import RunResult, run_demo, run_replay
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config
+from pipeline.replay.runner import RunResult, run_demo, run_replay
+from pipeline.sources.jsonl_mapping import write_jsonl
+from pipeline.sources.simulator import Simulator
 
 KEYS = (
     "events",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.config import Config
-from pipeline.entered_time import EnteredTime
-from pipeline.events import DeadLetter
-from pipeline.partitioned_join import PartitionedJoin
-from pipeline.types import ManualClock, RawEvent
+from pipeline.core.config import Config
+from pipeline.core.entered_time import EnteredTime
+from pipeline.core.events import DeadLetter
+from pipeline.core.types import ManualClock, RawEvent
+from pipeline.join.partitioned_join import PartitionedJoin
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000

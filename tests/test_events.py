@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ValidationConfig
-from pipeline.events import REASONS, Click, DeadLetter, Impression, LabelledExample
-from pipeline.pseudonyms import Pseudonymizer
-from pipeline.types import ManualClock, RawEvent
-from pipeline.validation import Validator
+from pipeline.core.config import ValidationConfig
+from pipeline.core.events import REASONS, Click, DeadLetter, Impression, LabelledExample
+from pipeline.core.pseudonyms import Pseudonymizer
+from pipeline.core.types import ManualClock, RawEvent
+from pipeline.core.validation import Validator
 
 NOW = 1_767_225_600_000
 GOOD_IMP = {

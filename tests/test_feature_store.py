@@ -32,7 +32,7 @@ from features.store import (
     open_store,
     redis_connection_string,
 )
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 T0 = 1_767_225_600_000
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from features.aggregations import FEATURE_NAMES, StreamingFeatures, feature_names
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a bucket boundary
 MIN = 60_000

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.config import ValidationConfig
-from pipeline.events import REASONS, DeadLetter
-from pipeline.types import ManualClock, RawEvent
-from pipeline.validation import Validator
+from pipeline.core.config import ValidationConfig
+from pipeline.core.events import REASONS, DeadLetter
+from pipeline.core.types import ManualClock, RawEvent
+from pipeline.core.validation import Validator
 from tests.hostile import corpus
 
 NOW = 1_796_083_200_000  # 2026-12-01

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pipeline.config import JoinerConfig
-from pipeline.events import Click, Impression
-from pipeline.joiner import Joiner
+from pipeline.core.config import JoinerConfig
+from pipeline.core.events import Click, Impression
+from pipeline.join.joiner import Joiner
 
 MIN = 60_000
 T0 = 1_767_225_600_000

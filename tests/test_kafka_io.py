@@ -11,12 +11,12 @@ import pytest
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
-from pipeline.config import ConfigError, KafkaConfig
-from pipeline.config_loader import load_config
-from pipeline.events import DeadLetter, Impression, LabelledExample
-from pipeline.kafka_io import RateLimiter, kafka_client_kwargs, parse_snapshot
-from pipeline.kafka_offsets import OffsetBook
-from pipeline.kafka_sources import decode_example
+from pipeline.core.config import ConfigError, KafkaConfig
+from pipeline.core.config_loader import load_config
+from pipeline.core.events import DeadLetter, Impression, LabelledExample
+from pipeline.kafka.io import RateLimiter, kafka_client_kwargs, parse_snapshot
+from pipeline.kafka.offsets import OffsetBook
+from pipeline.kafka.sources import decode_example
 
 P0, P1 = TopicPartition("clicks", 0), TopicPartition("clicks", 1)
 

@@ -6,7 +6,7 @@ import pytest
 from kafka.cluster import ClusterMetadata
 from kafka.partitioner import DefaultPartitioner
 
-from pipeline.kafka_client import KeyHashPartitioner
+from pipeline.kafka.client import KeyHashPartitioner
 
 
 class _Cluster(ClusterMetadata):

@@ -1,4 +1,4 @@
-"""Prometheus text rendering and the /metrics endpoint of pipeline.metrics; JSON log lines."""
+"""Prometheus text rendering and the /metrics endpoint of pipeline.core.metrics; JSON log lines."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import logging
 import urllib.request
 
-from pipeline.logs import JsonFormatter, set_context
-from pipeline.metrics import Registry, serve_metrics
+from pipeline.core.logs import JsonFormatter, set_context
+from pipeline.core.metrics import Registry, serve_metrics
 
 
 def test_histogram_buckets_are_cumulative_and_labels_escaped() -> None:
@@ -39,7 +39,7 @@ def test_collectors_run_at_scrape_and_a_failing_one_does_not_break_it() -> None:
 
 def test_json_logs_carry_the_daemon_context() -> None:
     set_context(daemon="joiner", offsets={"imps:0": 5})
-    rec = logging.LogRecord("pipeline.joiner", logging.WARNING, __file__, 1, "lag %d", (3,), None)
+    rec = logging.LogRecord("pipeline.join.joiner", logging.WARNING, __file__, 1, "lag %d", (3,), None)
     line = json.loads(JsonFormatter().format(rec))
     assert line["msg"] == "lag 3" and line["daemon"] == "joiner" and line["offsets"] == {"imps:0": 5}
     set_context(daemon=None, offsets=None)

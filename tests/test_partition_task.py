@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from pipeline.config import Config
-from pipeline.events import Click, Impression
-from pipeline.partition_task import PartitionTask
+from pipeline.core.config import Config
+from pipeline.core.events import Click, Impression
+from pipeline.join.partition_task import PartitionTask
 
 T0 = 1_767_225_600_000
 

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from pipeline.config import Config
-from pipeline.events import DeadLetter, LabelledExample
-from pipeline.partition_task import PartitionTask
-from pipeline.partitioned_join import PartitionedJoin
-from pipeline.partitioning import partition_of
-from pipeline.simulator import Simulator
-from pipeline.types import ManualClock, RawEvent
-from pipeline.validation import Validator
+from pipeline.core.config import Config
+from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.partitioning import partition_of
+from pipeline.core.types import ManualClock, RawEvent
+from pipeline.core.validation import Validator
+from pipeline.join.partition_task import PartitionTask
+from pipeline.join.partitioned_join import PartitionedJoin
+from pipeline.sources.simulator import Simulator
 
 
 class Letters(list[DeadLetter]):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from features.aggregations import StreamingFeatures
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
-from pipeline.config import Config
-from pipeline.events import Click, Impression
-from pipeline.joiner import Joiner
+from pipeline.core.config import Config
+from pipeline.core.events import Click, Impression
+from pipeline.join.joiner import Joiner
 
 T0 = 1_767_225_600_000
 

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.config import SimulatorConfig, ValidationConfig
-from pipeline.events import Click, DeadLetter, Impression
-from pipeline.parquet_source import ParquetSource, write_parquet
-from pipeline.readers import CRITEO_START_MS, ClickDelay, CriteoTsvSource, ObdCsvSource
-from pipeline.simulator import Simulator
-from pipeline.types import RawEvent, Source
-from pipeline.validation import Validator
+from pipeline.core.config import SimulatorConfig, ValidationConfig
+from pipeline.core.events import Click, DeadLetter, Impression
+from pipeline.core.types import RawEvent, Source
+from pipeline.core.validation import Validator
+from pipeline.sources.parquet import ParquetSource, write_parquet
+from pipeline.sources.readers import CRITEO_START_MS, ClickDelay, CriteoTsvSource, ObdCsvSource
+from pipeline.sources.simulator import Simulator
 
 OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
 needs_obd = pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
@@ -207,8 +207,8 @@ AVAZU = OBD.parent / "avazu_first_hour" / "avazu_train_first_9999.csv"
 
 @pytest.mark.skipif(not AVAZU.is_file(), reason=f"Avazu sample {AVAZU} is absent")
 def test_backtest_opens_the_avazu_sample_with_the_configured_click_delay() -> None:
-    from pipeline.config import Config
-    from pipeline.open_source import open_source
+    from pipeline.core.config import Config
+    from pipeline.sources.open import open_source
 
     cfg = Config()
     cfg.backtest.click_delay_median_s, cfg.backtest.click_delay_max_s = 10.0, 120.0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import RegistryConfig, TrainerConfig
-from pipeline.types import ModelStore
+from pipeline.core.config import RegistryConfig, TrainerConfig
+from pipeline.core.types import ModelStore
 from trainers.incremental import AliasStore, IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.registry import MlflowModelStore

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main as ctr_main
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
+from pipeline.ops.cli import main as ctr_main
 from serving_bridge.rollback import RollbackError, rollback
 from serving_bridge.versions_view import format_table, model_rollback_tags, version_rows
 from trainers.registry import MlflowModelStore

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.config import SimulatorConfig
-from pipeline.simulator import CATEGORIES, DEVICES, SLOTS, Simulator
+from pipeline.core.config import SimulatorConfig
+from pipeline.sources.simulator import CATEGORIES, DEVICES, SLOTS, Simulator
 
 CFG = SimulatorConfig()
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.avazu_source import AvazuCsvSource, avazu_hour_to_ms
-from pipeline.config import SimulatorConfig, ValidationConfig
-from pipeline.events import Click, DeadLetter, Impression
-from pipeline.jsonl_mapping import JsonlMapping, write_jsonl
-from pipeline.simulator import Simulator
-from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
-from pipeline.types import RawEvent, Source
-from pipeline.validation import Validator
+from pipeline.core.config import SimulatorConfig, ValidationConfig
+from pipeline.core.events import Click, DeadLetter, Impression
+from pipeline.core.types import RawEvent, Source
+from pipeline.core.validation import Validator
+from pipeline.sources.avazu import AvazuCsvSource, avazu_hour_to_ms
+from pipeline.sources.jsonl_mapping import JsonlMapping, write_jsonl
+from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import JsonlSource, MergedJsonlSource, SimulatorSource
 
 AVAZU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "avazu_first_hour"
 AVAZU = AVAZU_DIR / "avazu_train_first_9999.csv"

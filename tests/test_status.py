@@ -10,10 +10,10 @@ import json
 import socket
 import time
 
-from pipeline.cli import main
-from pipeline.config import Config
-from pipeline.status import _redact, collect, parse_prometheus
-from pipeline.status_view import render
+from pipeline.core.config import Config
+from pipeline.ops.cli import main
+from pipeline.ops.status import _redact, collect, parse_prometheus
+from pipeline.ops.status_view import render
 
 
 def _closed_port() -> int:

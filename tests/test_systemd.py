@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.config_loader import load_config
-from pipeline.deploy import TEMPLATE_UNITS, UNITS, Installer, InstallOptions, parse_env_file
-from pipeline.systemd import Notifier
+from pipeline.core.config_loader import load_config
+from pipeline.core.systemd import Notifier
+from pipeline.ops.cli import main
+from pipeline.ops.deploy import TEMPLATE_UNITS, UNITS, Installer, InstallOptions, parse_env_file
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.idempotent_store import IdempotentStore, lineage_key
+from pipeline.daemons.idempotent_store import IdempotentStore, lineage_key
 from trainers.testing import InMemoryModelStore
 
 
@@ -70,7 +70,7 @@ def test_registration_waits_for_the_registry_to_come_back(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(inner, "publish", flaky)
     slept: list[float] = []
-    monkeypatch.setattr("pipeline.trainer_daemon.time.sleep", slept.append)
+    monkeypatch.setattr("pipeline.daemons.trainer.time.sleep", slept.append)
     store = IdempotentStore(inner, FakeDaemon(inner))  # type: ignore[arg-type]
     assert store.publish(Model(), LINEAGE, {}) == "1"
     assert slept == [1.0, 2.0] and inner.versions() == ["1"]
@@ -85,7 +85,7 @@ def test_a_bug_is_raised_at_once_not_retried_as_an_outage(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(inner, "publish", broken)
     slept: list[float] = []
-    monkeypatch.setattr("pipeline.trainer_daemon.time.sleep", slept.append)
+    monkeypatch.setattr("pipeline.daemons.trainer.time.sleep", slept.append)
     store = IdempotentStore(inner, FakeDaemon(inner))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="programming error"):
         store.publish(Model(), LINEAGE, {})

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import TrainerConfig
+from pipeline.core.config import TrainerConfig
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.learner import TorchLearner, autocast_dtype, pins_host_memory, step_batch_size
 from trainers.rowwise import RowwiseAdam, merge_rows

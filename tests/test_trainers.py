@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import TrainerConfig
-from pipeline.events import Impression
-from pipeline.types import Learner
+from pipeline.core.config import TrainerConfig
+from pipeline.core.events import Impression
+from pipeline.core.types import Learner
 from trainers.encoding import MISSING, Encoder, stable_hash
 from trainers.gate import gate
 from trainers.incremental import BlockScores, IncrementalTrainer

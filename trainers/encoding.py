@@ -11,7 +11,7 @@ later model version reads its inputs the same way (a serving replica and the tra
   Rates (a name containing ``ctr`` or ``rate``) pass through raw; anything else is treated as a count
   and compressed with a signed ``log1p``. A missing dense value is 0.
 
->>> from pipeline.events import Impression
+>>> from pipeline.core.events import Impression
 >>> enc = Encoder(hash_buckets=1 << 10)
 >>> imp = Impression("i1", 1, "u_1", "ad7", {"site": "news"})
 >>> enc.fit([(imp, {"user_ctr_1h": 0.1})]).fields
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.events import Impression, LabelledExample
+from pipeline.core.events import Impression, LabelledExample
 
 __all__ = ["MISSING", "EncodedBatch", "Encoder", "Row", "rows_of", "stable_hash"]
 

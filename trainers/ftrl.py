@@ -51,7 +51,7 @@ class FtrlParams:
 class FtrlLearner:
     """Hashed-feature logistic regression trained online with FTRL-Proximal; numpy, CPU.
 
-    Implements :class:`pipeline.types.Learner` (``learn``/``predict``). Inputs are an
+    Implements :class:`pipeline.core.types.Learner` (``learn``/``predict``). Inputs are an
     ``EncodedBatch``, or labelled examples / rows when an ``encoder`` is given.
     """
 

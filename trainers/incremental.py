@@ -44,8 +44,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from pipeline.config import TrainerConfig
-from pipeline.events import LabelledExample
+from pipeline.core.config import TrainerConfig
+from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
@@ -57,7 +57,7 @@ __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "Incre
 
 @runtime_checkable
 class AliasStore(Protocol):
-    """A :class:`pipeline.types.ModelStore` that can also move an alias."""
+    """A :class:`pipeline.core.types.ModelStore` that can also move an alias."""
 
     def publish(self, model: Any, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str: ...
 

@@ -1,6 +1,6 @@
 """A torch CTR model that learns blocks of labelled examples and predicts click probabilities.
 
-:class:`TorchLearner` implements :class:`pipeline.types.Learner`. One code path for every device:
+:class:`TorchLearner` implements :class:`pipeline.core.types.Learner`. One code path for every device:
 on CUDA the inputs of a block are copied once from pinned memory (non-blocking) and the forward pass
 runs under bf16 autocast; on CPU both are no-ops and training is deterministic for a seed (shuffling
 comes from ``numpy.random.default_rng([seed, blocks_learned])``, initial weights from
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config import TrainerConfig
-from pipeline.events import Impression, LabelledExample
+from pipeline.core.config import TrainerConfig
+from pipeline.core.events import Impression, LabelledExample
 from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.models import build_model, model_spec
 from trainers.rowwise import RowwiseAdam

@@ -20,7 +20,7 @@ import mlflow
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from pipeline.events import Impression
+from pipeline.core.events import Impression
 
 __all__ = ["CtrPyfuncModel", "rows_from_records"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
 
 __all__ = ["ModelRegistry"]
 

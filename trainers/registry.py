@@ -1,4 +1,4 @@
-"""MLflow model registry as the :class:`pipeline.types.ModelStore` of trained learners.
+"""MLflow model registry as the :class:`pipeline.core.types.ModelStore` of trained learners.
 
 Each :meth:`MlflowModelStore.publish` makes one MLflow run (params = trainer config and model spec,
 metrics = the block's metrics) that outputs one MLflow-3 logged model in pyfunc "models from code"
@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import ColSpec, DataType, Map, Schema
 
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
 from trainers.learner import TorchLearner
 from trainers.model_registry import ModelRegistry
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import TrainerConfig
-from pipeline.events import Impression, LabelledExample
+from pipeline.core.config import TrainerConfig
+from pipeline.core.events import Impression, LabelledExample
 
 __all__ = [
     "InMemoryModelStore",

@@ -18,7 +18,7 @@ from feast import Entity, FeatureView, Field, FileSource, PushSource, ValueType
 from feast.types import Float64, Int64, String
 
 from features.aggregations import entity_feature_names
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 __all__ = [
     "JOIN_KEYS",

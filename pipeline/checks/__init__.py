@@ -7,7 +7,7 @@ over the implementations: ``tests/test_contracts.py`` (in process) and
 ``tests/integration/test_contracts_services.py`` (real Kafka, Redis and MLflow).
 
 - :func:`check_source` (files, simulator) and :func:`check_group_source` (Kafka consumer groups):
-  batches are lists of :class:`~pipeline.types.RawEvent`; ``snapshot()`` is JSON-serialisable; a
+  batches are lists of :class:`~pipeline.core.types.RawEvent`; ``snapshot()`` is JSON-serialisable; a
   restart from a snapshot (``resume=`` for files, a commit or ``seek`` for Kafka) delivers exactly
   the events after it. Why: exactly-once effect rests on it; a lost event is a lost label, a
   repeated one a double count in the features.
@@ -22,9 +22,9 @@ over the implementations: ``tests/test_contracts.py`` (in process) and
   documented defaults (the joiner's); repeated candidates are fine. Why: training and serving must
   see the same features (no skew), and serving must not fail on a new user or item.
 
->>> from pipeline.simulator import Simulator
->>> from pipeline.config import SimulatorConfig
->>> from pipeline.sources import SimulatorSource
+>>> from pipeline.sources.simulator import Simulator
+>>> from pipeline.core.config import SimulatorConfig
+>>> from pipeline.sources.streams import SimulatorSource
 >>> sim = Simulator(SimulatorConfig(), 3)
 >>> check_source(lambda resume: SimulatorSource(sim, 300, batch_size=60, resume=resume))
 """

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.checks._common import fail, impl_name
-from pipeline.config import FeatureConfig
+from pipeline.core.config import FeatureConfig
 
 __all__ = ["check_feature_reader"]
 

@@ -1,4 +1,4 @@
-"""The learner contract (river's ``check_estimator``, for :class:`pipeline.types.Learner`)."""
+"""The learner contract (river's ``check_estimator``, for :class:`pipeline.core.types.Learner`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.checks._common import fail, impl_name
-from pipeline.events import LabelledExample
-from pipeline.types import Learner
+from pipeline.core.events import LabelledExample
+from pipeline.core.types import Learner
 
 __all__ = ["check_learner", "odd_examples", "round_trip"]
 
@@ -76,7 +76,7 @@ def check_learner(
 ) -> None:
     """Check the learners ``make_learner(train, seed)`` builds (it may fit an encoder on ``train``).
 
-    Rules: a :class:`pipeline.types.Learner`; ``learn`` returns a finite mean loss and neither
+    Rules: a :class:`pipeline.core.types.Learner`; ``learn`` returns a finite mean loss and neither
     ``learn`` nor ``predict`` changes its input; ``predict`` returns one probability in [0, 1] per
     example (none for none), the same each time; the same seed on the same data gives bit-identical
     predictions; ``persist`` (default :func:`round_trip`) gives a learner that predicts the same
@@ -93,7 +93,7 @@ def check_learner(
     learner = make_learner(train, 7)
     impl = impl_name(learner, name)
     if not isinstance(learner, Learner):
-        fail(impl, "implements pipeline.types.Learner", "needs learn(examples) and predict(examples)")
+        fail(impl, "implements pipeline.core.types.Learner", "needs learn(examples) and predict(examples)")
     _probabilities(impl, learner.predict(test), len(test), "before any learning")
     _probabilities(impl, learner.predict([]), 0, "no examples")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipeline.checks._common import fail, impl_name
-from pipeline.types import RawEvent, Source
+from pipeline.core.types import RawEvent, Source
 
 __all__ = ["check_group_source", "check_source", "raw_event_positions"]
 
@@ -68,7 +68,7 @@ def _compare(impl: str, rule: str, got: Sequence[Any], want: Sequence[Any], when
 def check_source(
     make_source: SourceFactory, *, after_batches: Sequence[int] = (1, 3), name: str | None = None
 ) -> None:
-    """Check a finite source against the :class:`pipeline.types.Source` contract.
+    """Check a finite source against the :class:`pipeline.core.types.Source` contract.
 
     Rules: it is a ``Source``; every batch is a list of :class:`RawEvent`; two fresh sources deliver
     the same events; ``snapshot()`` is JSON-serialisable and calling it changes nothing; a source
@@ -80,7 +80,7 @@ def check_source(
     whole = make_source(None)
     impl = impl_name(whole, name)
     if not isinstance(whole, Source):
-        fail(impl, "implements pipeline.types.Source", "needs clock, batches() and snapshot()")
+        fail(impl, "implements pipeline.core.types.Source", "needs clock, batches() and snapshot()")
     batches = list(whole.batches())
     full = _events(impl, batches)
     if len(batches) <= max(after_batches):
@@ -181,7 +181,7 @@ def check_group_source(
     idle_polls: int = 2,
     name: str | None = None,
 ) -> None:
-    """Check a consumer-group source (:mod:`pipeline.kafka_io`) over topics holding ``expected`` records.
+    """Check a consumer-group source (:mod:`pipeline.kafka.io`) over topics holding ``expected`` records.
 
     ``make_source(group_id)`` builds a member of that group; ``groups`` are two fresh group ids;
     ``positions(batch)`` lists ``(topic:partition, offset, content)`` per item (default: a batch is

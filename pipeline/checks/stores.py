@@ -33,7 +33,7 @@ def check_model_store(
     timeout_s: float = 60.0,
     name: str | None = None,
 ) -> None:
-    """Check ``store`` against :class:`pipeline.types.ModelStore` (plus ``set_alias``).
+    """Check ``store`` against :class:`pipeline.core.types.ModelStore` (plus ``set_alias``).
 
     ``make_model(seed)`` builds a model (different seeds, different predictions); ``predict(model)``
     scores a fixed probe set (default: 64 synthetic examples). ``keeps_weights`` (default: the

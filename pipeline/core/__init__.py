@@ -1,1 +1,2 @@
-"""The ground floor: protocols, config, event schemas and validation, partitioning, checkpoints, logs, metrics, sd_notify; imports nothing of the project."""
+"""The ground floor: protocols, config, event schemas and validation, partitioning, checkpoints,
+logs, metrics, sd_notify. It imports nothing of the project."""

@@ -11,7 +11,7 @@ are ``SecretStr``: they come only from the environment, never from the file, and
 (``repr``, :meth:`Config.to_dict`, hence ``ctr config``, logs and lineage); a password in a URL
 (``daemon.redis_url``, ``registry.tracking_uri``) is masked the same way.
 
-The loader is :mod:`pipeline.config_loader` (:func:`~pipeline.config_loader.load_config`).
+The loader is :mod:`pipeline.core.config_loader` (:func:`~pipeline.core.config_loader.load_config`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import SecretStr, field_validator
 from pydantic.dataclasses import dataclass
 
-from pipeline.config_types import (
+from pipeline.core.config_types import (
     CHECKED,
     Compression,
     ConfigError,
@@ -211,7 +211,7 @@ class BacktestConfig(_Section):
 
 @dataclass(config=CHECKED, repr=False)
 class JsonlConfig(_Section):
-    # Read-time renames for JSONL logs in another vocabulary (pipeline/jsonl_mapping.py), as
+    # Read-time renames for JSONL logs in another vocabulary (pipeline/sources/jsonl_mapping.py), as
     # "canonical=raw" pairs: "type=event_type" (the tag), "impression=imp" (a tag value), "user_id=uid".
     map: tuple[str, ...] = ()  # `--map` adds to these
     map_file: str = ""  # a JSON object of the same pairs ({"type": "event_type"}); empty = none

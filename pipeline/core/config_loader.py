@@ -1,4 +1,4 @@
-"""Loading :class:`~pipeline.config.Config`: defaults < TOML file < ``CTR_<SECTION>_<FIELD>`` variables.
+"""Loading :class:`~pipeline.core.config.Config`: defaults < TOML file < ``CTR_<SECTION>_<FIELD>`` variables.
 
 Every value is cast and checked by the section's pydantic dataclass; all bad values are reported
 at once, one line each, naming the field and where the value came from. An unknown ``CTR_``
@@ -10,7 +10,7 @@ variable or TOML key is an error with the closest field suggested; secrets are r
 >>> load_config(env={"CTR_KAFKA_PARTITIONS": "0"})
 Traceback (most recent call last):
 ...
-pipeline.config_types.ConfigError: kafka.partitions must be >= 1, got 0 (from CTR_KAFKA_PARTITIONS)
+pipeline.core.config_types.ConfigError: kafka.partitions must be >= 1, got 0 (from CTR_KAFKA_PARTITIONS)
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
-from pipeline.config import Config
-from pipeline.config_types import URL_PASSWORD, ConfigError, masked
+from pipeline.core.config import Config
+from pipeline.core.config_types import URL_PASSWORD, ConfigError, masked
 
 __all__ = ["OTHER_ENV", "env_names", "load_config"]
 

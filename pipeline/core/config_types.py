@@ -1,4 +1,4 @@
-"""The vocabulary of :mod:`pipeline.config`: its choices (``Literal``), its ranges, its error, masking.
+"""The vocabulary of :mod:`pipeline.core.config`: its choices (``Literal``), its ranges, its error, masking.
 
 >>> masked("redis://:hunter2@127.0.0.1:6379/0")
 'redis://:***@127.0.0.1:6379/0'
@@ -42,7 +42,7 @@ class ConfigError(ValueError):
 ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
 FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
-LogFormat = Literal["text", "json"]  # pipeline.logs
+LogFormat = Literal["text", "json"]  # pipeline.core.logs
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
 SaslMechanism = Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]  # kafka_client._SASL, or none
 Compression = Literal["", "gzip", "snappy", "lz4", "zstd"]  # kafka-python's codecs, or none

@@ -26,7 +26,7 @@ import bisect
 from collections import deque
 from collections.abc import Sequence
 
-from pipeline.types import RawEvent
+from pipeline.core.types import RawEvent
 
 __all__ = ["EnteredTime"]
 

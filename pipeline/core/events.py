@@ -2,7 +2,7 @@
 
 Four records (../shared/DESIGN.md, "Events"):
 
-- :class:`Impression` and :class:`Click`, as :class:`pipeline.validation.Validator` decodes and
+- :class:`Impression` and :class:`Click`, as :class:`pipeline.core.validation.Validator` decodes and
   validates them from raw bytes or mappings;
 - :class:`LabelledExample`, the joiner's output: an impression, its label and the point-in-time
   streaming feature values it was scored with;
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.types import EventKind
+from pipeline.core.types import EventKind
 
 __all__ = ["REASONS", "Click", "DeadLetter", "Impression", "LabelledExample", "kind_of"]
 

@@ -39,7 +39,7 @@ class RawEvent:
     validation accepts both. ``source``/``partition``/``offset`` say where it came from, for dead
     letters and lineage. ``entered_ms`` is when the event entered the system, what clock skew and
     age are judged against: the Kafka record's timestamp in the daemons, the replay's reference
-    time (:mod:`pipeline.entered_time`) in a replay; ``None`` falls back to the validator's clock.
+    time (:mod:`pipeline.core.entered_time`) in a replay; ``None`` falls back to the validator's clock.
     """
 
     kind: EventKind

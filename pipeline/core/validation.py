@@ -1,8 +1,9 @@
-"""Strict validation: raw events become :class:`~pipeline.events.Impression` / :class:`~pipeline.events.Click`
-or a :class:`~pipeline.events.DeadLetter` with a reason. Validation never raises on bad input.
+"""Strict validation: raw events become an :class:`~pipeline.core.events.Impression` or a
+:class:`~pipeline.core.events.Click`, or a :class:`~pipeline.core.events.DeadLetter` with a reason.
+Validation never raises on bad input.
 
 User ids and the configured device/IP feature values are replaced at ingest by a keyed hash
-(:mod:`pipeline.pseudonyms`). A dead letter keeps a prefix of what was refused with the same
+(:mod:`pipeline.core.pseudonyms`). A dead letter keeps a prefix of what was refused with the same
 identifiers replaced by the same pseudonyms, whether the payload parsed or not, so the dead-letter
 topic holds no raw user id, device id or IP either.
 
@@ -27,10 +28,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.config import ValidationConfig
-from pipeline.events import Click, DeadLetter, Impression
-from pipeline.pseudonyms import Pseudonymizer, identifier_pattern
-from pipeline.types import Clock, ManualClock, RawEvent
+from pipeline.core.config import ValidationConfig
+from pipeline.core.events import Click, DeadLetter, Impression
+from pipeline.core.pseudonyms import Pseudonymizer, identifier_pattern
+from pipeline.core.types import Clock, ManualClock, RawEvent
 
 __all__ = ["Validator"]
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from mlflow.exceptions import MlflowException
 
-from pipeline import systemd
+from pipeline.core import systemd
 from trainers.registry import MlflowModelStore
 
 __all__ = ["REGISTRY_OUTAGES", "IdempotentStore", "lineage_key"]

@@ -1,6 +1,6 @@
 """`ctr joiner`: impressions + clicks from Kafka -> labelled examples on Kafka + features in Feast.
 
-One :class:`~pipeline.partition_task.PartitionTask` per assigned partition number. Every
+One :class:`~pipeline.join.partition_task.PartitionTask` per assigned partition number. Every
 ``daemon.checkpoint_every_s``:
 
 1. flush the producers (examples and dead letters acknowledged by Kafka),
@@ -29,19 +29,19 @@ from redis.exceptions import RedisError
 
 from features.aggregations import FeatureRow
 from features.store import FeatureWriter, open_store
-from pipeline import logs, systemd
-from pipeline.checkpoints import read_json, write_json
-from pipeline.config import Config
-from pipeline.dead_letter_alarm import DeadLetterAlarm
-from pipeline.events import DeadLetter
-from pipeline.joiner_metrics import JoinerMetrics
-from pipeline.kafka_io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
-from pipeline.kafka_sources import KafkaEventSource
-from pipeline.metrics import serve_metrics
-from pipeline.partition_task import PartitionTask
-from pipeline.partitioning import partition_of
-from pipeline.types import RawEvent, WallClock
-from pipeline.validation import Validator
+from pipeline.core import logs, systemd
+from pipeline.core.checkpoints import read_json, write_json
+from pipeline.core.config import Config
+from pipeline.core.events import DeadLetter
+from pipeline.core.metrics import serve_metrics
+from pipeline.core.partitioning import partition_of
+from pipeline.core.types import RawEvent, WallClock
+from pipeline.core.validation import Validator
+from pipeline.daemons.joiner_metrics import JoinerMetrics
+from pipeline.join.dead_letter_alarm import DeadLetterAlarm
+from pipeline.join.partition_task import PartitionTask
+from pipeline.kafka.io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
+from pipeline.kafka.sources import KafkaEventSource
 
 __all__ = ["JoinerDaemon"]
 

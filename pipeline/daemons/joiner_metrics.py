@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pipeline.join_stats import click_outcomes
-from pipeline.metrics import Registry, export_consumer_state
+from pipeline.core.metrics import Registry, export_consumer_state
+from pipeline.join.stats import click_outcomes
 
 __all__ = ["JoinerMetrics"]
 

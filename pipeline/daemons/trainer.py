@@ -10,7 +10,7 @@ Exactly-once effect:
   the two (or an MLflow server that is down) ends in exactly one version once it is back;
 - on restart the trainer seeks to the checkpoint's offsets and re-reads what came after it.
 
-Blocks are cut in :class:`~pipeline.example_merge.ExampleMerge` order (the joiner writes partition
+Blocks are cut in :class:`~pipeline.join.example_merge.ExampleMerge` order (the joiner writes partition
 task p's examples to partition p): an example is taken only when every partition has one buffered
 or is idle (silent ``daemon.idle_merge_s`` and read to its end), so the blocks, like ``ctr
 backtest``'s of the same stream, do not depend on how the partitions' fetches interleaved.
@@ -32,16 +32,16 @@ from typing import Any
 
 from kafka.errors import KafkaError
 
-from pipeline import logs, systemd
-from pipeline.checkpoints import read_json, replace_dir, write_json
-from pipeline.config import Config
-from pipeline.events import LabelledExample
-from pipeline.example_merge import ExampleMerge
-from pipeline.idempotent_store import IdempotentStore
-from pipeline.kafka_io import KafkaSink, caught_up, ensure_topics
-from pipeline.kafka_sources import KafkaExampleSource
-from pipeline.metrics import Registry, export_consumer_state, serve_metrics
-from pipeline.trainer_metrics import record_block
+from pipeline.core import logs, systemd
+from pipeline.core.checkpoints import read_json, replace_dir, write_json
+from pipeline.core.config import Config
+from pipeline.core.events import LabelledExample
+from pipeline.core.metrics import Registry, export_consumer_state, serve_metrics
+from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.daemons.trainer_metrics import record_block
+from pipeline.join.example_merge import ExampleMerge
+from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
+from pipeline.kafka.sources import KafkaExampleSource
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.alias_guard import move_alias_unless_moved
 from trainers.incremental import IncrementalTrainer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.metrics import Registry
+from pipeline.core.metrics import Registry
 
 __all__ = ["record_block"]
 

@@ -5,7 +5,7 @@ the journal. Over each window (a minute by default) the alarm counts events and 
 the share passes ``share``, it logs one WARNING with the top reasons and one example (its safe,
 pseudonymized prefix), then starts a new window.
 
->>> from pipeline.events import DeadLetter
+>>> from pipeline.core.events import DeadLetter
 >>> alarm = DeadLetterAlarm(0.05, clock=iter([0.0, 61.0]).__next__)
 >>> alarm.observe(10)  # the window is still open
 False
@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from pipeline.events import DeadLetter
+from pipeline.core.events import DeadLetter
 
 __all__ = ["DeadLetterAlarm"]
 

@@ -8,7 +8,7 @@ only while every partition has one (or is done: at its end in a replay, idle and
 daemon). The merged order then depends only on each partition's sequence, so a replay and the
 daemons, whatever their batch sizes, cut the same blocks from the same examples.
 
->>> from pipeline.events import Impression, LabelledExample
+>>> from pipeline.core.events import Impression, LabelledExample
 >>> ex = lambda i, ts: LabelledExample(Impression(i, ts, "u", "a"), 0, ts)
 >>> m = ExampleMerge(2)
 >>> m.offer(0, [ex("a", 1), ex("c", 3)])
@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.events import LabelledExample
+from pipeline.core.events import LabelledExample
 
 __all__ = ["ExampleMerge"]
 

@@ -22,7 +22,7 @@ Features are point-in-time: the streaming features of an impression are looked u
 impression updates them, kept with the pending impression, and attached to its example. Only
 attributed clicks update the click counters.
 
->>> from pipeline.config import JoinerConfig
+>>> from pipeline.core.config import JoinerConfig
 >>> j = Joiner(JoinerConfig(attribution_window_s=60, watermark_lag_s=0))
 >>> j.process(Impression("i1", 1_000, "u", "a"))
 >>> j.process(Click("c1", "i1", 5_000, "u"))
@@ -41,9 +41,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.config import JoinerConfig
-from pipeline.events import Click, Impression, LabelledExample
-from pipeline.join_stats import JoinStats, Rejection
+from pipeline.core.config import JoinerConfig
+from pipeline.core.events import Click, Impression, LabelledExample
+from pipeline.join.stats import JoinStats, Rejection
 
 __all__ = ["FeatureTracker", "Joiner"]
 

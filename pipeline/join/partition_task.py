@@ -2,7 +2,7 @@
 
 Impressions and clicks are keyed by user id and both topics have the same partition count, so
 partition ``p`` of ``impressions`` and partition ``p`` of ``clicks`` hold every event of the same
-users. A :class:`PartitionTask` owns that pair: its own :class:`~pipeline.joiner.Joiner`, its own
+users. A :class:`PartitionTask` owns that pair: its own :class:`~pipeline.join.joiner.Joiner`, its own
 :class:`~features.aggregations.StreamingFeatures`, its own watermark, and a checkpoint of its own.
 Two joiner processes in one consumer group therefore compute exactly what one computes: a task
 moves between processes with its checkpoint, never split.
@@ -26,16 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from features.aggregations import StreamingFeatures
-from pipeline.config import Config
-from pipeline.events import Click, Impression, LabelledExample
-from pipeline.joiner import Joiner
+from pipeline.core.config import Config
+from pipeline.core.events import Click, Impression, LabelledExample
+from pipeline.core.partitioning import item_shard_key
+from pipeline.join.joiner import Joiner
 
-__all__ = ["PartitionTask", "ShardedItems", "item_shard_key"]
-
-
-def item_shard_key(item_id: str, partition: int | None) -> str:
-    """The item entity key a shard writes and serving reads (no suffix when unsharded)."""
-    return item_id if partition is None else f"{item_id}@p{partition}"
+__all__ = ["PartitionTask", "ShardedItems"]
 
 
 @dataclass

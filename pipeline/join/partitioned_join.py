@@ -3,11 +3,11 @@
 A replay (``ctr backtest``, ``ctr demo``) runs the production join, not a copy of it: every event
 goes to partition ``partition_of(key, cfg.kafka.partitions)`` (the key is the raw user id, as the
 producers key records) with that partition's next offset, is validated by the same
-:class:`~pipeline.events.Validator` (entry time from :class:`~pipeline.entered_time.EnteredTime`,
+:class:`~pipeline.core.events.Validator` (entry time from :class:`~pipeline.core.entered_time.EnteredTime`,
 the partition check), and is offered to that partition's
-:class:`~pipeline.partition_task.PartitionTask`: the same event-time merge of impressions and
+:class:`~pipeline.join.partition_task.PartitionTask`: the same event-time merge of impressions and
 clicks, per-partition watermark, sharded item statistics and dedup as the joiner daemon. The
-tasks' examples leave in :class:`~pipeline.example_merge.ExampleMerge` order, which does not depend
+tasks' examples leave in :class:`~pipeline.join.example_merge.ExampleMerge` order, which does not depend
 on batch sizes. Refused events become dead letters with the daemon's reasons.
 
 In a replay no stream is ever idle before the input ends (the daemon's idleness needs a caught-up
@@ -22,15 +22,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from features.aggregations import FeatureRow
-from pipeline.config import Config
-from pipeline.entered_time import EnteredTime
-from pipeline.events import DeadLetter, LabelledExample
-from pipeline.example_merge import ExampleMerge
-from pipeline.join_stats import JoinStats
-from pipeline.partition_task import PartitionTask
-from pipeline.partitioning import KeyHashes
-from pipeline.types import Clock, RawEvent
-from pipeline.validation import Validator
+from pipeline.core.config import Config
+from pipeline.core.entered_time import EnteredTime
+from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.partitioning import KeyHashes
+from pipeline.core.types import Clock, RawEvent
+from pipeline.core.validation import Validator
+from pipeline.join.example_merge import ExampleMerge
+from pipeline.join.partition_task import PartitionTask
+from pipeline.join.stats import JoinStats
 
 __all__ = ["PartitionedJoin"]
 

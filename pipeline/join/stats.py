@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pipeline.events import Click
+from pipeline.core.events import Click
 
 __all__ = ["JoinStats", "Rejection", "click_outcomes"]
 

@@ -1,9 +1,9 @@
 """Kafka client settings, topic creation and :class:`KafkaSink`, the idempotent producer.
 
-Every client (admin, producer, consumer) is built from one :class:`~pipeline.config.KafkaConfig` by
+Every client (admin, producer, consumer) is built from one :class:`~pipeline.core.config.KafkaConfig` by
 :func:`kafka_client_kwargs`, so security settings live in one place. A broker that cannot be reached
 fails within ``connect_timeout_ms`` with :class:`KafkaUnavailableError` naming the address, never a
-hang. :mod:`pipeline.kafka_io` (the consuming side) re-exports everything here.
+hang. :mod:`pipeline.kafka.io` (the consuming side) re-exports everything here.
 
 kafka-python's ``KafkaProducer.flush()`` returns normally when sends *failed* (errors only reach the
 per-record futures); :class:`KafkaSink` collects them so its ``flush()`` raises, and a caller that
@@ -22,9 +22,9 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.partitioner import DefaultPartitioner
 
-from pipeline.config import KafkaConfig
-from pipeline.events import DeadLetter
-from pipeline.partitioning import KeyHashes
+from pipeline.core.config import KafkaConfig
+from pipeline.core.events import DeadLetter
+from pipeline.core.partitioning import KeyHashes
 
 __all__ = [
     "FencedMemberError",
@@ -153,9 +153,9 @@ def ensure_topics(cfg: KafkaConfig, names: Iterable[str], partitions: int | None
 
 
 class KeyHashPartitioner(DefaultPartitioner):
-    """kafka-python's default partitioner, the key hashes cached (:class:`pipeline.partitioning.KeyHashes`).
+    """kafka-python's default partitioner, key hashes cached (:class:`~pipeline.core.partitioning.KeyHashes`).
 
-    The partition is exactly the default one, :func:`pipeline.partitioning.partition_of`.
+    The partition is exactly the default one, :func:`pipeline.core.partitioning.partition_of`.
     """
 
     def __init__(self, max_keys: int = 1_000_000) -> None:
@@ -178,7 +178,7 @@ class KafkaSink:
     its input offsets only after ``flush`` returns. After a failure the sink carries on with a new
     producer: resend the whole uncommitted input (downstream dedup by id makes repeats harmless) or
     exit and let the restart replay it. ``write(letter)`` makes it a
-    :class:`pipeline.loop.DeadLetterSink`.
+    :class:`pipeline.replay.loop.DeadLetterSink`.
     """
 
     def __init__(self, cfg: KafkaConfig, topic: str) -> None:

@@ -1,9 +1,9 @@
 """Kafka adapters of the production profile: :class:`GroupSource`, the consumer-group member the
-daemons' sources (:mod:`pipeline.kafka_sources`) are made of, plus, re-exported, client settings,
-topics and :class:`KafkaSink` (:mod:`pipeline.kafka_client`), ``ctr produce``
-(:mod:`pipeline.kafka_publish`) and snapshot parsing (:mod:`pipeline.kafka_offsets`).
+daemons' sources (:mod:`pipeline.kafka.sources`) are made of, plus, re-exported, client settings,
+topics and :class:`KafkaSink` (:mod:`pipeline.kafka.client`), ``ctr produce``
+(:mod:`pipeline.kafka.publish`) and snapshot parsing (:mod:`pipeline.kafka.offsets`).
 
-:class:`~pipeline.kafka_sources.KafkaEventSource` implements :class:`pipeline.types.Source` over a
+:class:`~pipeline.kafka.sources.KafkaEventSource` implements :class:`pipeline.core.types.Source` over a
 consumer group with manual commits. The daemon loop that gives exactly-once *effect*::
 
     src = KafkaEventSource(cfg, {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"},
@@ -41,8 +41,9 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import FencedInstanceIdError, KafkaError
 
-from pipeline.config import KafkaConfig
-from pipeline.kafka_client import (
+from pipeline.core.config import KafkaConfig
+from pipeline.core.types import Clock
+from pipeline.kafka.client import (
     FencedMemberError,
     KafkaSink,
     KafkaSinkError,
@@ -51,9 +52,8 @@ from pipeline.kafka_client import (
     ensure_topics,
     kafka_client_kwargs,
 )
-from pipeline.kafka_offsets import OffsetBook, RebalanceListener, parse_snapshot, snapshot_key
-from pipeline.kafka_publish import RateLimiter, publish_source, publish_stream
-from pipeline.types import Clock
+from pipeline.kafka.offsets import OffsetBook, RebalanceListener, parse_snapshot, snapshot_key
+from pipeline.kafka.publish import RateLimiter, publish_source, publish_stream
 
 __all__ = [
     "FencedMemberError",

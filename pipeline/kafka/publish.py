@@ -2,10 +2,10 @@
 
 Impressions go to ``impressions_topic`` and clicks to ``clicks_topic`` as JSON, keyed by ``user_id``
 (the same key and partition count put a user's impressions and clicks on the same partition number,
-which the joiner relies on), through one :class:`~pipeline.kafka_client.KafkaSink`.
+which the joiner relies on), through one :class:`~pipeline.kafka.client.KafkaSink`.
 
 Each record's timestamp (CreateTime) is the event's entry time as a replay judges it
-(:class:`~pipeline.entered_time.EnteredTime`: its event time unless it is an outlier among its
+(:class:`~pipeline.core.entered_time.EnteredTime`: its event time unless it is an outlier among its
 neighbours), so the joiner daemon, which judges clock skew and age against record timestamps,
 accepts and refuses exactly what ``ctr backtest`` of the same log does. A reference later than
 the wall clock is sent as now (brokers refuse timestamps far in the future), and such an event is
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pipeline.config import KafkaConfig, ValidationConfig
-from pipeline.entered_time import EnteredTime
-from pipeline.kafka_client import KafkaSink
-from pipeline.types import EventKind, RawEvent, Source
+from pipeline.core.config import KafkaConfig, ValidationConfig
+from pipeline.core.entered_time import EnteredTime
+from pipeline.core.types import EventKind, RawEvent, Source
+from pipeline.kafka.client import KafkaSink
 
 __all__ = ["RateLimiter", "publish_source", "publish_stream"]
 
@@ -157,7 +157,7 @@ def publish_source(
     validation: ValidationConfig | None = None,
 ) -> dict[str, int]:
     """``ctr produce --source``: publish any :class:`Source` (a log from
-    :func:`pipeline.open_source.open_source`) to the event topics, stamped like :func:`publish_stream`.
+    :func:`pipeline.sources.open.open_source`) to the event topics, stamped like :func:`publish_stream`.
 
     Lines the file source could not parse are published as their raw bytes, so the ingesting daemon
     dead-letters them with a reason, exactly as a replay without Kafka would.

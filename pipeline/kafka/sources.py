@@ -1,7 +1,7 @@
 """The daemons' Kafka sources: raw events for the joiner, labelled examples for the trainer.
 
 Both are consumer-group members whose snapshots, commits, seeks and rebalances are
-:class:`~pipeline.kafka_io.GroupSource`'s (see :mod:`pipeline.kafka_io` for the exactly-once loop).
+:class:`~pipeline.kafka.io.GroupSource`'s (see :mod:`pipeline.kafka.io` for the exactly-once loop).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 from kafka.consumer.fetcher import ConsumerRecord
 
-from pipeline.config import KafkaConfig
-from pipeline.events import DeadLetter, LabelledExample
-from pipeline.kafka_io import GroupSource
-from pipeline.types import Clock, EventKind, RawEvent, WallClock
+from pipeline.core.config import KafkaConfig
+from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.types import Clock, EventKind, RawEvent, WallClock
+from pipeline.kafka.io import GroupSource
 
 __all__ = ["ExampleBatch", "KafkaEventSource", "KafkaExampleSource", "decode_example"]
 
-_RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.validation does)
+_RAW_PREFIX = 1_024  # bytes of a malformed example kept in its dead letter (as pipeline.core.validation does)
 
 
 class KafkaEventSource(GroupSource):

@@ -8,7 +8,7 @@ ctr status     services, lag, throughput, models and replicas on one screen (--j
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
 ctr rollback   move the champion alias to an older version, with who/when/why (serving_bridge/rollback.py)
 ctr versions   versions, aliases, block metrics and rollback tags
-ctr deploy install   lay out config, environment file, state folders and systemd units (pipeline/deploy.py)
+ctr deploy install   config, environment file, state folders and systemd units (pipeline/ops/deploy.py)
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from pipeline.backtest_cli import add_input_arguments
-from pipeline.config import ConfigError
-from pipeline.config_loader import load_config
-from pipeline.open_source import FORMATS
+from pipeline.core.config import ConfigError
+from pipeline.core.config_loader import load_config
+from pipeline.replay.backtest_cli import add_input_arguments
+from pipeline.sources.open import FORMATS
 
 __all__ = ["main"]
 
@@ -38,7 +38,7 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctr", description="Real-time online learning for CTR prediction.")
-    p.add_argument("--config", type=Path, help="TOML config file (fields: see pipeline/config.py)")
+    p.add_argument("--config", type=Path, help="TOML config file (fields: see pipeline/core/config.py)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "train_every", None):
         cfg.trainer.train_every = args.train_every
     if cfg.daemon.log_format == "json":
-        from pipeline.logs import set_context, use_json_logs
+        from pipeline.core.logs import set_context, use_json_logs
 
         use_json_logs(logging.INFO if args.verbose else logging.WARNING)
         set_context(daemon=args.command)
@@ -139,25 +139,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     if args.command == "status":
-        from pipeline.status import collect
-        from pipeline.status_view import render
+        from pipeline.ops.status import collect
+        from pipeline.ops.status_view import render
 
         status = collect(cfg, args.replica, args.blocks)
         print(json.dumps(status, indent=2) if args.json else render(status))
         return 0 if all(svc["up"] for svc in status["services"].values()) else 1
     if args.command == "simulate":
-        from pipeline.jsonl_mapping import write_jsonl
-        from pipeline.simulator import Simulator
+        from pipeline.sources.jsonl_mapping import write_jsonl
+        from pipeline.sources.simulator import Simulator
 
         n = write_jsonl(Simulator(cfg.simulator, args.seed).stream(args.impressions), args.out)
         print(f"wrote {n:,} events to {args.out}")
         return 0
     if args.command == "demo" and args.source is not None:
-        from pipeline.backtest_cli import replay
+        from pipeline.replay.backtest_cli import replay
 
         return replay(cfg, args)
     if args.command == "demo":
-        from pipeline.runner import run_demo
+        from pipeline.replay.runner import run_demo
 
         run_demo(cfg, args.out, args.impressions, args.seed)
         return 0
@@ -170,16 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.command == "produce" and args.source is not None:
-        from pipeline.backtest_cli import produce_log
+        from pipeline.replay.backtest_cli import produce_log
 
         return produce_log(cfg, args)
     if args.command == "backtest":
-        from pipeline.backtest_cli import backtest
+        from pipeline.replay.backtest_cli import backtest
 
         return backtest(cfg, args)
     if args.command == "produce":
-        from pipeline.kafka_io import ensure_topics, publish_stream
-        from pipeline.simulator import Simulator
+        from pipeline.kafka.io import ensure_topics, publish_stream
+        from pipeline.sources.simulator import Simulator
 
         k = cfg.kafka
         ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
@@ -188,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(counts))
         return 0
     if args.command == "joiner":
-        from pipeline.joiner_daemon import JoinerDaemon
+        from pipeline.daemons.joiner import JoinerDaemon
 
         print(json.dumps(JoinerDaemon(cfg).run(max_idle_s=args.exit_when_idle)))
         return 0
     if args.command == "trainer":
-        from pipeline.trainer_daemon import TrainerDaemon
+        from pipeline.daemons.trainer import TrainerDaemon
 
         print(json.dumps(TrainerDaemon(cfg).run(max_idle_s=args.exit_when_idle)))
         return 0
@@ -230,7 +230,7 @@ def _deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from pipeline.deploy import Installer, InstallOptions
+    from pipeline.ops.deploy import Installer, InstallOptions
 
     try:
         ports = tuple(int(p) for p in args.serve_ports.split(",") if p.strip())

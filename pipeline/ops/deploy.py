@@ -33,7 +33,7 @@ from pathlib import Path
 
 __all__ = ["InstallOptions", "Installer", "parse_env_file", "render"]
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "deploy"
+TEMPLATES = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = ("ctr-kafka.service", "ctr-mlflow.service", "ctr-joiner.service", "ctr-trainer.service")
 TEMPLATE_UNITS = ("ctr-serve@.service", "ctr.target")
 _PLACEHOLDER = re.compile(r"@([A-Z_]+)@")

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.config import Config
+from pipeline.core.config import Config
 
 __all__ = ["collect", "parse_prometheus"]
 
@@ -101,7 +101,7 @@ def _services(cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 def _kafka_kwargs(cfg: Config) -> dict[str, Any]:
-    from pipeline.kafka_client import kafka_client_kwargs
+    from pipeline.kafka.client import kafka_client_kwargs
 
     timeout_ms = int(_TIMEOUT_S * 1000)
     return {

@@ -1,4 +1,4 @@
-"""``ctr status``'s screen: the human view of :func:`pipeline.status.collect`'s dict."""
+"""``ctr status``'s screen: the human view of :func:`pipeline.ops.status.collect`'s dict."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``ctr backtest``: replay a log at full speed through the live loop and compare with baselines.
 
-The replay is :class:`~pipeline.loop.OnlineLoop` itself (validation, joiner, streaming features,
+The replay is :class:`~pipeline.replay.loop.OnlineLoop` itself (validation, joiner, streaming features,
 :class:`~trainers.incremental.IncrementalTrainer`) on the source's simulated event-time clock; only
 the adapters differ from the demo: dead letters go to ``<out>/dead_letters.jsonl``, no Feast push
 and no serving fleet (nothing reads them in a replay), and model versions are numbered locally
@@ -13,7 +13,7 @@ Three learners are scored progressively on exactly the same blocks (each block b
 - ``ftrl``: FTRL-Proximal logistic regression over the same hashed features
   (:mod:`trainers.ftrl`), the classic online reference; it learns every block entirely.
 
-The report (:mod:`pipeline.backtest_report`) goes to ``--out``; the run ends by printing
+The report (:mod:`pipeline.replay.report`) goes to ``--out``; the run ends by printing
 throughput in examples per second.
 """
 
@@ -27,14 +27,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from pipeline import backtest_report as report
-from pipeline.config import Config
-from pipeline.dead_letter_check import Diagnosis, diagnose, read_dead_letters
-from pipeline.events import LabelledExample
-from pipeline.jsonl_mapping import JsonlMapping
-from pipeline.loop import OnlineLoop
-from pipeline.sinks import JsonlDeadLetters
-from pipeline.types import Source
+from pipeline.core.config import Config
+from pipeline.core.events import LabelledExample
+from pipeline.core.types import Source
+from pipeline.replay import report
+from pipeline.replay.dead_letter_check import Diagnosis, diagnose, read_dead_letters
+from pipeline.replay.loop import OnlineLoop
+from pipeline.replay.sinks import JsonlDeadLetters
+from pipeline.sources.jsonl_mapping import JsonlMapping
 from trainers.ftrl import FtrlLearner, FtrlParams
 from trainers.incremental import BlockReport, BlockScores, IncrementalTrainer
 

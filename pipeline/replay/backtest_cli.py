@@ -1,8 +1,8 @@
-"""`ctr backtest`, `ctr demo --source` and `ctr produce --source` (:mod:`pipeline.cli` dispatches here).
+"""`ctr backtest`, `ctr demo --source`, `ctr produce --source` (:mod:`pipeline.ops.cli` dispatches here).
 
 They share the log options (``--source``, ``--format``, the JSONL ``--map``/``--map-file``/``--clicks``)
-and one opener (:func:`pipeline.open_source.open_source`). A backtest or demo exits
-:data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` when more than half the events became dead
+and one opener (:func:`pipeline.sources.open.open_source`). A backtest or demo exits
+:data:`~pipeline.replay.dead_letter_check.EXIT_MOSTLY_DEAD` when more than half the events became dead
 letters, printing the top reasons, an example line and the ``--map`` that would read it.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config
-from pipeline.dead_letter_check import EXIT_MOSTLY_DEAD, Diagnosis, diagnose, read_dead_letters
-from pipeline.jsonl_mapping import JsonlMapping
-from pipeline.types import Clock, RawEvent, Source
+from pipeline.core.config import Config
+from pipeline.core.types import Clock, RawEvent, Source
+from pipeline.replay.dead_letter_check import EXIT_MOSTLY_DEAD, Diagnosis, diagnose, read_dead_letters
+from pipeline.sources.jsonl_mapping import JsonlMapping
 
 __all__ = ["add_input_arguments", "apply_input_options", "backtest", "dead_letter_status", "replay"]
 
@@ -33,8 +33,8 @@ def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
 
 
 def backtest(cfg: Config, args: argparse.Namespace) -> int:
-    from pipeline.backtest import run_backtest
-    from pipeline.open_source import open_source
+    from pipeline.replay.backtest import run_backtest
+    from pipeline.sources.open import open_source
 
     cfg.trainer.model = args.model or cfg.trainer.model
     cfg.trainer.seed = args.seed
@@ -64,7 +64,7 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    """The JSONL input options of the commands that read a log (pipeline/jsonl_mapping.py)."""
+    """The JSONL input options of the commands that read a log (pipeline/sources/jsonl_mapping.py)."""
     p.add_argument(
         "--map",
         action="append",
@@ -83,8 +83,8 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replay(cfg: Config, args: argparse.Namespace) -> int:
-    from pipeline.open_source import open_source
-    from pipeline.runner import run_embedded
+    from pipeline.replay.runner import run_embedded
+    from pipeline.sources.open import open_source
 
     try:
         apply_input_options(cfg, args)
@@ -111,8 +111,8 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
 
 def produce_log(cfg: Config, args: argparse.Namespace) -> int:
     """`ctr produce --source LOG`: the log, read as a backtest reads it, onto the event topics."""
-    from pipeline.kafka_io import ensure_topics, publish_source
-    from pipeline.open_source import open_source
+    from pipeline.kafka.io import ensure_topics, publish_source
+    from pipeline.sources.open import open_source
 
     try:
         apply_input_options(cfg, args)
@@ -152,7 +152,7 @@ class _Counted:
 
 
 def dead_letter_status(command: str, verdict: Diagnosis, path: Path) -> int:
-    """0, or :data:`~pipeline.dead_letter_check.EXIT_MOSTLY_DEAD` with the reasons and a fix."""
+    """0, or :data:`~pipeline.replay.dead_letter_check.EXIT_MOSTLY_DEAD` with the reasons and a fix."""
     if not verdict.failed:
         return 0
     for line in verdict.lines(path):

@@ -4,7 +4,7 @@ A log in another vocabulary (tagged ``"event_type"``, ``"uid"`` for ``user_id``)
 line: the run "succeeds" with no examples. :func:`diagnose` turns the dead-letter counts and the
 first dead letters into a verdict: more than :data:`FAIL_SHARE` of the events dead fails the run
 (``ctr backtest`` / ``ctr demo --source`` exit :data:`EXIT_MOSTLY_DEAD`), and the keys of the first
-rejected lines suggest the ``--map`` pairs (:mod:`pipeline.jsonl_mapping`) that would read them.
+rejected lines suggest the ``--map`` pairs (:mod:`pipeline.sources.jsonl_mapping`) that would read them.
 
 >>> d = diagnose(10, {"unknown_field": 10}, [{"reason": "unknown_field", "detail": "unknown field "
 ...     "'event_type'", "raw": '{"event_type": "imp", "impression_id": "i1", "uid": "a"}'}])
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.jsonl_mapping import FIELDS, KINDS, JsonlMapping
+from pipeline.sources.jsonl_mapping import FIELDS, KINDS, JsonlMapping
 
 __all__ = ["EXIT_MOSTLY_DEAD", "FAIL_SHARE", "Diagnosis", "diagnose", "read_dead_letters"]
 

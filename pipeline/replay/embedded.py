@@ -20,10 +20,10 @@ import mlflow
 from tqdm import tqdm
 
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
-from pipeline.config import Config
-from pipeline.partitioning import partition_of
-from pipeline.pseudonyms import Pseudonymizer
-from pipeline.sinks import JsonlDeadLetters
+from pipeline.core.config import Config
+from pipeline.core.partitioning import partition_of
+from pipeline.core.pseudonyms import Pseudonymizer
+from pipeline.replay.sinks import JsonlDeadLetters
 from serving_bridge.fleet import Fleet
 from serving_bridge.replica import Replica
 from trainers.incremental import IncrementalTrainer

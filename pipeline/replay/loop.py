@@ -1,8 +1,8 @@
 """The replay loop (``ctr demo``, ``ctr backtest``): source -> the daemon's partition tasks -> trainer.
 
-Validation, the join and the streaming features are :class:`~pipeline.partitioned_join.PartitionedJoin`,
+Validation, the join and the streaming features are :class:`~pipeline.join.partitioned_join.PartitionedJoin`,
 i.e. the joiner daemon's partition tasks fed as Kafka would feed them; the examples reach the
-trainer in :class:`~pipeline.example_merge.ExampleMerge` order. The source, the dead-letter sink,
+trainer in :class:`~pipeline.join.example_merge.ExampleMerge` order. The source, the dead-letter sink,
 the feature writer, the model store and the fleet are injected adapters.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.config import Config
-from pipeline.events import DeadLetter, LabelledExample
-from pipeline.partitioned_join import PartitionedJoin
-from pipeline.types import RawEvent, Source
+from pipeline.core.config import Config
+from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.types import RawEvent, Source
+from pipeline.join.partitioned_join import PartitionedJoin
 from trainers.incremental import BlockReport, IncrementalTrainer
 
 __all__ = ["LoopResult", "OnlineLoop"]

@@ -3,7 +3,7 @@
 Learners are compared on the blocks where all of them exist: block 2 onwards (the static copy is
 frozen after block 1, whose scores come from untrained models). Over those examples, per learner:
 the pooled AUC / logloss / normalized entropy / calibration of the progressive scores and
-``auc_ci95``, a seeded percentile bootstrap over examples (:mod:`pipeline.bootstrap`, paired across
+``auc_ci95``, a seeded percentile bootstrap over examples (:mod:`pipeline.replay.bootstrap`, paired across
 learners). Margins are "online better by": ``auc`` = online - other, ``logloss`` = other - online,
 each with the paired bootstrap interval of the AUC difference.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.bootstrap import paired_bootstrap_auc, percentile_ci
+from pipeline.replay.bootstrap import paired_bootstrap_auc, percentile_ci
 from trainers.incremental import BlockReport, BlockScores
 from trainers.metrics import block_metrics
 

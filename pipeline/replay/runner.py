@@ -1,8 +1,8 @@
 """Run the loop in one process (embedded profile): `ctr demo`, on the simulator or a log (--source).
 
-Wires the embedded adapters (:class:`~pipeline.embedded.EmbeddedStack`: JSONL dead letters, Feast
+Wires the embedded adapters (:class:`~pipeline.replay.embedded.EmbeddedStack`: JSONL dead letters, Feast
 with its SQLite online store, MLflow with a local SQLite tracking store, in-process replicas) around
-the shared :class:`~pipeline.loop.OnlineLoop` with a source, prints one row per block and writes
+the shared :class:`~pipeline.replay.loop.OnlineLoop` with a source, prints one row per block and writes
 ``summary.json`` and a plot. The demo's source is the drifting simulator; a replay's is a file.
 """
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.avazu_source import AvazuCsvSource
-from pipeline.config import Config
-from pipeline.embedded import EmbeddedStack
-from pipeline.loop import BlockTiming, OnlineLoop
-from pipeline.simulator import Simulator
-from pipeline.sources import JsonlSource, SimulatorSource
-from pipeline.types import Source
+from pipeline.core.config import Config
+from pipeline.core.types import Source
+from pipeline.replay.embedded import EmbeddedStack
+from pipeline.replay.loop import BlockTiming, OnlineLoop
+from pipeline.sources.avazu import AvazuCsvSource
+from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import JsonlSource, SimulatorSource
 
 __all__ = ["RunResult", "run_demo", "run_embedded", "run_replay"]
 

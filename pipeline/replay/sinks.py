@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
-from pipeline.events import DeadLetter
+from pipeline.core.events import DeadLetter
 
 __all__ = ["JsonlDeadLetters"]
 

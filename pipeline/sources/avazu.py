@@ -1,6 +1,6 @@
 """Avazu's ``train.csv`` as a replayable event source (impressions, plus a click per clicked row).
 
-Same :class:`pipeline.types.Source` contract as :mod:`pipeline.sources`: exact resume from a
+Same :class:`pipeline.core.types.Source` contract as :mod:`pipeline.sources.streams`: exact resume from a
 snapshot, event-time clock, unreadable rows become raw events the validator dead-letters.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.sources import _BatchingSource, _key_of, _Read, labelled_events
-from pipeline.types import EventKind, RawEvent
+from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.streams import _BatchingSource, _key_of, _Read, labelled_events
 
 __all__ = ["AvazuCsvSource", "avazu_hour_to_ms"]
 

@@ -1,7 +1,7 @@
 """Read-time renames for JSONL logs in another vocabulary: ``--map canonical=raw``.
 
 A log tagged ``"event_type": "imp"`` with ``"uid"`` and ``"timestamp"`` is the canonical schema
-(:mod:`pipeline.events`) under other names. A :class:`JsonlMapping` renames each line as it is read,
+(:mod:`pipeline.core.events`) under other names. A :class:`JsonlMapping` renames each line as it is read,
 before validation, so every later stage sees the canonical schema. Renames only: a line that still
 has a field outside the schema is rejected by the validator as before (``unknown_field``), and so is
 a field whose new name is already taken (``uid`` beside a ``user_id``) keeps its raw name.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import JsonlConfig
-from pipeline.events import Click, Impression
-from pipeline.types import EventKind
+from pipeline.core.config import JsonlConfig
+from pipeline.core.events import Click, Impression
+from pipeline.core.types import EventKind
 
 __all__ = ["FIELDS", "KINDS", "TAG", "JsonlMapping", "write_jsonl"]
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.avazu_source import AvazuCsvSource
-from pipeline.config import Config
-from pipeline.jsonl_mapping import JsonlMapping
-from pipeline.parquet_source import ParquetSource
-from pipeline.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
-from pipeline.simulator import Simulator
-from pipeline.sources import JsonlSource, MergedJsonlSource, SimulatorSource
-from pipeline.types import Source
+from pipeline.core.config import Config
+from pipeline.core.types import Source
+from pipeline.sources.avazu import AvazuCsvSource
+from pipeline.sources.jsonl_mapping import JsonlMapping
+from pipeline.sources.parquet import ParquetSource
+from pipeline.sources.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
+from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import JsonlSource, MergedJsonlSource, SimulatorSource
 
 __all__ = ["FORMATS", "open_jsonl", "open_source"]
 
@@ -34,7 +34,7 @@ def _files(path: Path, fmt: str) -> list[Path]:
 
 
 def open_jsonl(cfg: Config, path: Path, clicks: Path | None = None) -> Source:
-    """JSONL input renamed by ``cfg.jsonl`` (:mod:`pipeline.jsonl_mapping`): one stream, or
+    """JSONL input renamed by ``cfg.jsonl`` (:mod:`pipeline.sources.jsonl_mapping`): one stream, or
     impressions and clicks in two (``clicks``, or a folder of ``impression*`` and ``click*`` files)
     merged on event time; an untagged line of such a file is of the file's kind."""
     mapping = JsonlMapping.from_config(cfg.jsonl)

@@ -1,6 +1,6 @@
 """Parquet event logs: the JSONL events' columns (``type`` plus each event's fields) in parquet.
 
-:class:`ParquetSource` follows the :class:`pipeline.types.Source` contract (batches, event-time
+:class:`ParquetSource` follows the :class:`pipeline.core.types.Source` contract (batches, event-time
 clock, ``snapshot()``/``resume`` by file and row); :func:`write_parquet` writes what it reads.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.sources import _BatchingSource, _key_of, _Read, _ts_of
-from pipeline.types import EventKind, RawEvent
+from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.streams import _BatchingSource, _key_of, _Read, _ts_of
 
 __all__ = ["ParquetSource", "write_parquet"]
 

@@ -1,6 +1,6 @@
 """More replay sources for labelled logs: Criteo's TSV and the Open Bandit Dataset's CSV.
 
-All follow :class:`pipeline.avazu_source.AvazuCsvSource`'s pattern (same :class:`Source` contract:
+All follow :class:`pipeline.sources.avazu.AvazuCsvSource`'s pattern (same :class:`Source` contract:
 batches, an event-time clock, ``snapshot()``/``resume``): a log whose rows already carry their
 label becomes an impression per row plus a click for each positive row, a seeded lognormal
 :class:`ClickDelay` later, delivered in ``ts`` order, so the joiner does real attribution work.
@@ -13,7 +13,7 @@ Resuming re-reads the input and skips to the snapshot's ``offset`` (the event se
 - :class:`ObdCsvSource`: the Open Bandit Dataset's ``<policy>/<campaign>/<campaign>.csv`` files,
   each joined with its ``item_context.csv`` and merged on ``timestamp`` into one stream.
 
-Parquet event logs (the JSONL events' columns) are read by :mod:`pipeline.parquet_source`.
+Parquet event logs (the JSONL events' columns) are read by :mod:`pipeline.sources.parquet`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.sources import _BatchingSource, _key_of, _Read, labelled_events
-from pipeline.types import EventKind, RawEvent
+from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.streams import _BatchingSource, _key_of, _Read, labelled_events
 
 __all__ = [
     "CRITEO_START_MS",

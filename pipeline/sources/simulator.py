@@ -16,7 +16,7 @@ and skewed impressions (delivered just after their quick click, i.e. the click a
 Everything is drawn in fixed chunks of :data:`CHUNK` impressions from per-chunk generators, so the
 first ``n`` impressions are the same whatever ``n`` a call asks for.
 
->>> from pipeline.config import SimulatorConfig
+>>> from pipeline.core.config import SimulatorConfig
 >>> sim = Simulator(SimulatorConfig(), seed=1)
 >>> kind, event = next(iter(sim.stream(10)))
 >>> kind, event["impression_id"], sorted(event["features"])
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import SimulatorConfig
-from pipeline.types import EventKind
+from pipeline.core.config import SimulatorConfig
+from pipeline.core.types import EventKind
 
 __all__ = ["CHUNK", "Simulator"]
 

@@ -1,13 +1,13 @@
 """Event sources for replays and the embedded profile: the simulator and JSONL logs (Avazu's CSV:
-:mod:`pipeline.avazu_source`; other public logs: :mod:`pipeline.readers`).
+:mod:`pipeline.sources.avazu`; other public logs: :mod:`pipeline.sources.readers`).
 
-Every source implements :class:`pipeline.types.Source`: ``batches()`` yields lists of
+Every source implements :class:`pipeline.core.types.Source`: ``batches()`` yields lists of
 :class:`RawEvent` in arrival order, ``snapshot()`` is a JSON-serialisable position of the *next*
 event (take it after the previous batch's output is durable), and a source built with
 ``resume=snapshot`` delivers exactly the events that came after it. ``clock`` is a
 :class:`ManualClock` moved to the event time of what has been delivered, so validation and the
 joiner run on event time. Sources never raise on bad input: a line or row they cannot read becomes a
-raw event that :class:`pipeline.events.Validator` turns into a dead letter with a reason.
+raw event that :class:`pipeline.core.events.Validator` turns into a dead letter with a reason.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.jsonl_mapping import JsonlMapping
-from pipeline.simulator import Simulator
-from pipeline.types import EventKind, ManualClock, RawEvent
+from pipeline.core.types import EventKind, ManualClock, RawEvent
+from pipeline.sources.jsonl_mapping import JsonlMapping
+from pipeline.sources.simulator import Simulator
 
 __all__ = ["JsonlSource", "MergedJsonlSource", "SimulatorSource", "labelled_events"]
 
@@ -132,7 +132,7 @@ class JsonlSource(_BatchingSource):
     validator to judge: kind ``kind`` if given (a file of one kind), else ``"click"`` if it is an
     object with a ``click_id``, else ``"impression"``. So a line that is too long, not JSON or
     wrongly tagged becomes a dead letter with a reason, and an untagged but well-formed event is
-    accepted. ``mapping`` renames tag, tag values and fields first (:mod:`pipeline.jsonl_mapping`;
+    accepted. ``mapping`` renames tag, tag values and fields first (:mod:`pipeline.sources.jsonl_mapping`;
     a renamed line is passed on as a mapping). ``partition`` is the file's index in ``paths`` and
     ``offset`` the line number.
     """

@@ -142,7 +142,7 @@ def kafka_group(request: pytest.FixtureRequest, kafka_admin) -> Iterator[str]:
 def kafka_cfg(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> object:
     """A KafkaConfig on the test broker whose four topics are fresh uuid topics (3 partitions each,
     1 for dead letters), with short poll and connect timeouts."""
-    from pipeline.config import KafkaConfig
+    from pipeline.core.config import KafkaConfig
 
     return KafkaConfig(
         bootstrap_servers=kafka_bootstrap,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
 from serving_bridge.replica_processes import ReplicaProcesses
 from trainers.registry import MlflowModelStore
 from trainers.testing import publish_versions

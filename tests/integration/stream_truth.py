@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.simulator import Simulator
+from pipeline.sources.simulator import Simulator
 from serving_bridge.server import kafka_partition
 
 

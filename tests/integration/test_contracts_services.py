@@ -11,11 +11,11 @@ import pytest
 
 from pipeline.checks import check_feature_reader, check_group_source, check_model_store
 from pipeline.checks.sources import Position
-from pipeline.config import KafkaConfig, RegistryConfig, SimulatorConfig
-from pipeline.idempotent_store import IdempotentStore
-from pipeline.kafka_io import KafkaSink, publish_stream
-from pipeline.kafka_sources import ExampleBatch, KafkaEventSource, KafkaExampleSource
-from pipeline.simulator import Simulator
+from pipeline.core.config import KafkaConfig, RegistryConfig, SimulatorConfig
+from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.kafka.io import KafkaSink, publish_stream
+from pipeline.kafka.sources import ExampleBatch, KafkaEventSource, KafkaExampleSource
+from pipeline.sources.simulator import Simulator
 from tests.integration.test_redis_reader import feast_store  # noqa: F401  (a fixture, reused)
 from tests.test_trainer_daemon import FakeDaemon
 from trainers.registry import MlflowModelStore

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from pipeline.config import KafkaConfig
-from pipeline.kafka_io import ensure_topics
+from pipeline.core.config import KafkaConfig
+from pipeline.kafka.io import ensure_topics
 from tests.hostile import corpus
 
 pytestmark = pytest.mark.faults
@@ -85,7 +85,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     log = tmp_path / "joiner.log"
     with log.open("wb") as out:
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "joiner", "--exit-when-idle", "8"],
+            [sys.executable, "-m", "pipeline.ops.cli", "joiner", "--exit-when-idle", "8"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=out,

@@ -28,10 +28,10 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import CommitFailedError, RebalanceInProgressError
 
-from pipeline.config import KafkaConfig, SimulatorConfig
-from pipeline.events import DeadLetter, Impression, LabelledExample
-from pipeline.jsonl_mapping import write_jsonl
-from pipeline.kafka_io import (
+from pipeline.core.config import KafkaConfig, SimulatorConfig
+from pipeline.core.events import DeadLetter, Impression, LabelledExample
+from pipeline.core.types import EventKind, RawEvent
+from pipeline.kafka.io import (
     FencedMemberError,
     KafkaSink,
     KafkaSinkError,
@@ -41,10 +41,10 @@ from pipeline.kafka_io import (
     publish_source,
     publish_stream,
 )
-from pipeline.kafka_sources import KafkaEventSource, KafkaExampleSource
-from pipeline.simulator import Simulator
-from pipeline.sources import JsonlSource
-from pipeline.types import EventKind, RawEvent
+from pipeline.kafka.sources import KafkaEventSource, KafkaExampleSource
+from pipeline.sources.jsonl_mapping import write_jsonl
+from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import JsonlSource
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -279,8 +279,8 @@ def test_a_member_is_not_caught_up_while_another_members_partitions_are_unread(
 
 _MEMBER = """
 import json, sys, time
-from pipeline.config import KafkaConfig
-from pipeline.kafka_sources import KafkaEventSource
+from pipeline.core.config import KafkaConfig
+from pipeline.kafka.sources import KafkaEventSource
 cfg = KafkaConfig(**json.loads(sys.argv[1]))
 topics = {cfg.impressions_topic: "impression", cfg.clicks_topic: "click"}
 src = KafkaEventSource(cfg, topics, sys.argv[2], batch_size=500)

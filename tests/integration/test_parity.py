@@ -24,11 +24,11 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.jsonl_mapping import write_jsonl
-from pipeline.kafka_io import ensure_topics
-from pipeline.partitioning import partition_of
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.core.partitioning import partition_of
+from pipeline.kafka.io import ensure_topics
+from pipeline.sources.jsonl_mapping import write_jsonl
+from pipeline.sources.simulator import Simulator
 
 PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
 HOUR_MS = 3_600_000
@@ -71,7 +71,7 @@ def read_topic(bootstrap: str, topic: str) -> list[bytes]:
 def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -> str:
     with log.open("wb") as err:
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", *args],
+            [sys.executable, "-m", "pipeline.ops.cli", *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.kafka_io import ensure_topics, publish_stream
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version as replica_version
 from serving_bridge.replica_processes import stop_processes
 from tests.integration.stream_truth import expected_labels
@@ -107,7 +107,7 @@ class Run:
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{args[0]}-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", *args],
+            [sys.executable, "-m", "pipeline.ops.cli", *args],
             env=self.env(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -267,7 +267,7 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     # `ctr status --json` shows the version each replica says it serves
     urls = [f"http://127.0.0.1:{p.args[-1]}" for p in (replica, replica2)]  # type: ignore[index]
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "status", "--json", *(f"--replica={u}" for u in urls)],
+        [sys.executable, "-m", "pipeline.ops.cli", "status", "--json", *(f"--replica={u}" for u in urls)],
         env=run.env(),
         capture_output=True,
         check=True,
@@ -329,7 +329,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
     def start_trainer(*args: str) -> subprocess.Popen[bytes]:
         log = (run.tmp / f"trainer-{len(run.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "trainer", *args],
+            [sys.executable, "-m", "pipeline.ops.cli", "trainer", *args],
             env=run.env(**env_topic),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -16,7 +16,7 @@ import redis
 from features.aggregations import StreamingFeatures
 from features.redis_reader import RedisFeatureReader
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
-from pipeline.config import FeatureConfig, ServingConfig
+from pipeline.core.config import FeatureConfig, ServingConfig
 from tests.test_serving_api import GOOD, ConstantModel, DictStore, serve
 
 START_MS = 1_767_225_600_000

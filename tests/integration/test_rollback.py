@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.cli import main as ctr_main
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
+from pipeline.ops.cli import main as ctr_main
 from serving_bridge.replica_processes import SwitchWatch
 from serving_bridge.rollback import rollback
 from tests.integration.rollback_fixtures import (  # noqa: F401  (fixtures)

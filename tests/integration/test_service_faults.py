@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.kafka_io import ensure_topics, publish_stream
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version
 from tests.integration.stream_truth import expected_labels
 
@@ -164,7 +164,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         logs[name] = tmp_path / f"{name}.log"
         with logs[name].open("wb") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", "-v", *args], env=env, stdout=out, stderr=out
+                [sys.executable, "-m", "pipeline.ops.cli", "-v", *args], env=env, stdout=out, stderr=out
             )
 
     joiner = start("joiner", "joiner", "--exit-when-idle", "20")

@@ -30,9 +30,9 @@ from mlflow import MlflowClient
 
 from features.aggregations import StreamingFeatures
 from features.store import FeatureWriter, open_store
-from pipeline.config import Config, FeatureConfig, RegistryConfig
-from pipeline.partition_task import item_shard_key
-from pipeline.pseudonyms import Pseudonymizer
+from pipeline.core.config import Config, FeatureConfig, RegistryConfig
+from pipeline.core.partitioning import item_shard_key
+from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.server import NOTIFY_CHANNEL, kafka_partition
 from trainers.registry import MlflowModelStore
 from trainers.testing import tiny_learner
@@ -179,7 +179,7 @@ def test_fleet_serves_every_request_through_three_promotions_and_a_rollback(
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "pipeline.ops.cli", "serve", "--port", str(port)],
                 env=fleet_env,
                 stdout=log.open("wb"),
                 stderr=subprocess.STDOUT,

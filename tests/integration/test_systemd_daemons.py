@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.config import Config, KafkaConfig
-from pipeline.deploy import Installer, InstallOptions, parse_env_file
-from pipeline.kafka_io import ensure_topics, publish_stream
-from pipeline.simulator import Simulator
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.ops.deploy import Installer, InstallOptions, parse_env_file
+from pipeline.sources.simulator import Simulator
 from tests.integration.stream_truth import expected_labels
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from pipeline.config import RegistryConfig
+from pipeline.core.config import RegistryConfig
 from serving_bridge.rollback import rollback
 from trainers.learner import TorchLearner
 from trainers.registry import MlflowModelStore
@@ -60,7 +60,7 @@ def test_the_trainer_daemon_adopts_a_rollback_and_checkpoints_the_adopted_champi
 
     def trainer(**extra: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "-v", "trainer", "--exit-when-idle", "5"],
+            [sys.executable, "-m", "pipeline.ops.cli", "-v", "trainer", "--exit-when-idle", "5"],
             env=env | extra,
             capture_output=True,
             text=True,
