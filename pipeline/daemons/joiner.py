@@ -79,8 +79,6 @@ class JoinerDaemon:
         self.features = FeatureWriter(store, cfg.features)
         self.tasks: dict[int, PartitionTask] = {}
         self.counters = {"events": 0, "examples": 0, "dead_letters": 0, "checkpoints": 0}
-        self._lag: dict[str, int] = {}
-        self._lag_at = 0.0
         self.dead_reasons: Counter[str] = Counter()
         self.outages: Counter[str] = Counter()  # failures that forced a replay, by exception type
         self._failures = 0  # in a row; sets the back-off
@@ -127,14 +125,8 @@ class JoinerDaemon:
         self.tasks.clear()
 
     def _at_end(self, kind: str, partition: int, now: float) -> bool:
-        """Has this process read all of ``kind``'s partition? (lag cached for half a second)"""
-        if now - self._lag_at > 0.5:
-            try:
-                self._lag = self.source.lag()
-            except Exception:  # no answer from the broker: assume a backlog, i.e. keep waiting
-                self._lag = {}
-            self._lag_at = now
-        return self._lag.get(f"{self.topic_of[kind]}:{partition}", 1) == 0
+        """Has this process read all of ``kind``'s partition?"""
+        return self.source.read_to_end(f"{self.topic_of[kind]}:{partition}", now)
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:

@@ -89,8 +89,6 @@ class TrainerDaemon:
         self.merge = ExampleMerge(self.source.partition_count(self.source.topic))
         self._offered: dict[str, int] = {}  # per partition, offsets below this are in the merge already
         self._arrived: dict[int, float] = {}  # per partition, when an example last arrived
-        self._lag: dict[str, int] = {}
-        self._lag_at = 0.0
         self.dead = KafkaSink(k, k.dead_letter_topic)
         self.metrics = Registry()
         self.metrics.on_scrape(self._collect_metrics)
@@ -222,13 +220,7 @@ class TrainerDaemon:
         """Nothing more from ``partition`` for now: silent ``idle_merge_s`` and read to its end."""
         if now - self._arrived.get(partition, 0.0) < self.cfg.daemon.idle_merge_s:
             return False
-        if now - self._lag_at > 0.5:  # one lag request per half second, not per partition
-            try:
-                self._lag = self.source.lag()
-            except Exception:  # no answer from the broker: assume a backlog, i.e. keep waiting
-                self._lag = {}
-            self._lag_at = now
-        return self._lag.get(f"{self.source.topic}:{partition}", 1) == 0
+        return self.source.read_to_end(f"{self.source.topic}:{partition}", now)
 
     def _on_revoke(self) -> None:
         """A rebalance rewound the source to the commits: what the merge holds is read again."""

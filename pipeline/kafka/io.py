@@ -91,6 +91,8 @@ class GroupSource:
         self.poll_failures = 0  # polls that raised (broker away); retried every second
         self.fenced = False  # another process took our group_instance_id (see FencedMemberError)
         self._book = OffsetBook()
+        self._end_lag: dict[str, int] = {}  # read_to_end's lag and when it was measured
+        self._end_lag_at = float("-inf")
         self._stop = threading.Event()
         self._consumer = connect(
             KafkaConsumer,
@@ -206,6 +208,20 @@ class GroupSource:
         if not parts:
             raise KafkaError(f"topic {topic!r} has no partitions the broker knows of; does it exist?")
         return len(parts)
+
+    def read_to_end(self, key: str, now: float, max_age_s: float = 0.5) -> bool:
+        """Has this member read partition ``key`` ("topic:partition") to its end?
+
+        The lag behind the answer is at most ``max_age_s`` old (one broker round trip per period,
+        not per partition); a broker that does not answer means a backlog, i.e. not at the end.
+        """
+        if now - self._end_lag_at > max_age_s:
+            try:
+                self._end_lag = self.lag()
+            except Exception:
+                self._end_lag = {}
+            self._end_lag_at = now
+        return self._end_lag.get(key, 1) == 0
 
     def lag(self) -> dict[str, int]:
         """Per owned partition: end offset - next offset to yield (a metric; one broker round trip)."""
