@@ -36,13 +36,22 @@ class Corpus:
         return sum(self.fates.values())
 
 
+RAW_IP, RAW_DEVICE = "10.9.8.7", "dev-0042"  # identifiers the hostile impressions carry
+
+
 def _j(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _hostile_impression(rng: random.Random, now_ms: int, ts: int, n: int) -> tuple[str, bytes]:
     """One malformed impression (or raw bytes) and the dead-letter reason it must get."""
-    good: dict[str, Any] = {"impression_id": f"h{n}", "ts": ts, "user_id": "evil", "item_id": "it1"}
+    good: dict[str, Any] = {
+        "impression_id": f"h{n}",
+        "ts": ts,
+        "user_id": "evil",
+        "item_id": "it1",
+        "features": {"device_ip": RAW_IP, "device_id": RAW_DEVICE},  # PII: never raw in a dead letter
+    }
     case = rng.randrange(24)
     if case == 0:
         return "bad_json", _j(good)[:-7]  # truncated
@@ -57,7 +66,7 @@ def _hostile_impression(rng: random.Random, now_ms: int, ts: int, n: int) -> tup
     if case == 5:
         return "too_large", _j({**good, "features": {"blob": "x" * 70_000}})
     if case == 6:
-        gone = rng.choice(list(good))
+        gone = rng.choice(["impression_id", "ts", "user_id", "item_id"])
         return "missing_field", _j({k: v for k, v in good.items() if k != gone})
     if case == 7:
         return "unknown_field", _j({**good, rng.choice(["evil", "__proto__", "$where"]): {"x": 1}})

@@ -26,7 +26,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from pipeline.core.config import KafkaConfig
 from pipeline.kafka.io import ensure_topics
-from tests.hostile import corpus
+from tests.hostile import RAW_DEVICE, RAW_IP, corpus
 
 pytestmark = pytest.mark.faults
 
@@ -111,6 +111,8 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     # privacy: the dead-letter topic holds pseudonyms only, never a raw user id
     raw_users = [u for d in letters for u in USER_FIELD.findall(d["raw"])]
     assert raw_users and all(u.startswith("u_") for u in raw_users), raw_users[:5]
+    assert not [d for d in letters if RAW_IP in d["raw"] or RAW_DEVICE in d["raw"]]  # nor a device id or IP
+    assert sum('"device_ip":"d_' in d["raw"] for d in letters) > 100  # pseudonymized, not dropped
 
     # the documented joiner rules, from the checkpoint's counters
     state = json.loads((tmp_path / "state" / "joiner" / "p0.json").read_text())
