@@ -303,3 +303,13 @@ def test_impression_and_click_files_merge_on_event_time(split_jsonl: tuple[Path,
     ] == expected
     assert not [o for o in validate_all(events, source) if isinstance(o, DeadLetter)]
     assert source.clock.now_ms() == max(e["ts"] for _, e in rows)
+
+
+def test_a_jsonl_line_may_name_the_record_key_it_was_produced_with(tmp_path: Path) -> None:
+    path = tmp_path / "keyed.jsonl"
+    click = {"click_id": "c1", "impression_id": "i1", "ts": 1_767_225_600_000, "user_id": "alice"}
+    write_jsonl([("click", {**click, "kafka_key": "i1"}), ("click", {**click, "click_id": "c2"})], path)
+    [first, second] = next(iter(JsonlSource([path]).batches()))
+    assert (first.key, second.key) == (b"i1", b"alice")  # keyed by the impression id, then by user
+    assert first.value == click  # the key is not part of the event
+    assert isinstance(Validator(ValidationConfig()).validate(first), Click)

@@ -7,7 +7,9 @@ event (take it after the previous batch's output is durable), and a source built
 ``resume=snapshot`` delivers exactly the events that came after it. ``clock`` is a
 :class:`ManualClock` moved to the event time of what has been delivered, so validation and the
 joiner run on event time. Sources never raise on bad input: a line or row they cannot read becomes a
-raw event that :class:`pipeline.core.events.Validator` turns into a dead letter with a reason.
+raw event that :class:`pipeline.core.validation.Validator` turns into a dead letter with a reason.
+A JSONL line may carry ``kafka_key``, the record key it was produced with (default: its user id):
+the replay routes it by that key, as Kafka would.
 """
 
 from __future__ import annotations
@@ -89,9 +91,18 @@ def _ts_of(value: Any) -> int | None:
     return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
 
 
-def _key_of(value: Any) -> bytes | None:
-    user = value.get("user_id") if isinstance(value, dict) else None
-    return user.encode() if isinstance(user, str) else None  # Kafka keys events by user
+KAFKA_KEY = "kafka_key"  # a JSONL line's optional record key, when it was produced keyed otherwise
+
+
+def _key_of(value: Any, pop: bool = False) -> bytes | None:
+    """The record key: the line's ``kafka_key`` (taken out of the event with ``pop``), else its user."""
+    if not isinstance(value, dict):
+        return None
+    key = value.pop(KAFKA_KEY, None) if pop else value.get(KAFKA_KEY)
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogatepass")
+    user = value.get("user_id")
+    return user.encode("utf-8", "surrogatepass") if isinstance(user, str) else None  # keyed by user
 
 
 class SimulatorSource(_BatchingSource):
@@ -214,7 +225,7 @@ class JsonlSource(_BatchingSource):
                     if not raw.strip():
                         continue  # blank lines are not events
                     kind, value, obj = self._decode(raw)
-                    event = RawEvent(kind, value, str(path), file, line_no - 1, _key_of(obj))
+                    event = RawEvent(kind, value, str(path), file, line_no - 1, _key_of(obj, pop=True))
                     yield event, _ts_of(obj), (file, byte, line_no)
 
     def _position(self, pos: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@ MLflow gives byte-identical examples (stream features included), the same blocks
 block metrics.
 
 The stream is the simulator's (its arrival order has duplicates, clicks before their impression
-and clicks past the window), with clicks that were never for any impression (orphans) and one
+and clicks past the window), with clicks produced keyed by something else than their user (so on
+another partition: ``kafka_key`` in the JSONL), clicks that were never for any impression (orphans) and one
 closing impression per partition two hours later, so every real window closes in both runs (the
 daemons never flush open windows; a backtest does at its end). The JSONL file is backtested, and
 the same file goes to Kafka with `ctr produce --source`, where `ctr joiner` and `ctr trainer` run
@@ -37,6 +38,15 @@ HOUR_MS = 3_600_000
 def write_stream(path: Path) -> int:
     events = list(Simulator(Config().simulator, seed=21).stream(IMPRESSIONS))
     last = max(e["ts"] for _, e in events)
+    clicks = [e for kind, e in events if kind == "click"]
+    for n, click in enumerate(clicks[:: len(clicks) // 30][:30]):  # produced keyed by something else
+        user = click["user_id"]
+        key = next(
+            f"k{n}-{i}"
+            for i in range(100)
+            if partition_of(f"k{n}-{i}", PARTITIONS) != partition_of(user, PARTITIONS)
+        )
+        events.append(("click", {**click, "click_id": f"wrong-{n}", "kafka_key": key}))
     for n in range(40):  # clicks for impressions that never come: orphan_click dead letters
         user = events[n * 50][1]["user_id"]
         events.append(
@@ -149,7 +159,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     letters = Counter(json.loads(m)["reason"] for m in read_topic(k.bootstrap_servers, k.dead_letter_topic))
     with (out / "dead_letters.jsonl").open() as f:
         assert letters == Counter(json.loads(line)["reason"] for line in f)
-    assert letters["orphan_click"] == 40
+    assert letters["orphan_click"] == 40 and letters["wrong_partition"] == 30
     client = mlflow.MlflowClient(services["CTR_REGISTRY_TRACKING_URI"])
     versions = {int(v.tags["block"]): v for v in client.search_model_versions(f"name = 'parity-model-{tag}'")}
     compared = 0
