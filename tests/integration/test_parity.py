@@ -160,7 +160,8 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     with (out / "dead_letters.jsonl").open() as f:
         assert letters == Counter(json.loads(line)["reason"] for line in f)
     assert letters["orphan_click"] == 40 and letters["wrong_partition"] == 30
-    client = mlflow.MlflowClient(services["CTR_REGISTRY_TRACKING_URI"])
+    uri = services["CTR_REGISTRY_TRACKING_URI"]  # the registry too: an earlier test may have set a global one
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     versions = {int(v.tags["block"]): v for v in client.search_model_versions(f"name = 'parity-model-{tag}'")}
     compared = 0
     for row in backtest_blocks:
