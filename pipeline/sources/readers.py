@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
-from pipeline.sources.streams import _BatchingSource, _key_of, _Read, labelled_events
+from pipeline.sources.labelled import labelled_events
+from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
 __all__ = [
     "CRITEO_START_MS",
