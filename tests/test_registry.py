@@ -15,6 +15,7 @@ from trainers.incremental import AliasStore, IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.registry import MlflowModelStore
 from trainers.testing import synthetic_examples
+from trainers.version_page import iso_time
 
 
 def cfg(**kw: object) -> TrainerConfig:
@@ -51,15 +52,38 @@ def test_publish_registers_versions_with_lineage_tags(published):
     assert [r.version for r in reports] == ["1", "2"] and store.versions() == ["1", "2"]
     tags = store.lineage("1")
     assert tags["position"] == '{"p0": 1000}' and tags["examples"] == "1000"
-    assert tags["event_time_min"] == str(data[0].impression.ts)
-    assert tags["event_time_max"] == str(data[999].impression.ts)
+    assert tags["event_time_min"] == iso_time(data[0].impression.ts / 1000)  # ISO 8601, UTC
+    assert tags["event_time_max"] == iso_time(data[999].impression.ts / 1000)
     assert tags["parent_version"] == "none" and store.lineage("2")["parent_version"] == "1"
-    assert tags["code_version"] and len(tags["config_hash"]) == 16
+    assert tags["code_version"] and tags["gate_reason"] == reports[0].decision.reason
     assert float(tags["metric.holdout.logloss"]) == pytest.approx(reports[0].candidate["logloss"])
     assert all(isinstance(v, str) for v in tags.values())
     run = store.client.get_run(store.client.get_model_version(store.name, "1").run_id)
     assert run.data.params["trainer.model"] == "deepfm"
     assert run.data.metrics["holdout.logloss"] == pytest.approx(reports[0].candidate["logloss"])
+
+
+def test_version_page_has_a_description_few_tags_and_the_full_lineage_in_lineage_json(published):
+    store, _, reports, data = published
+    tags = store.lineage("2")
+    assert len(tags) <= 15 and not any(k.startswith("metric.static.") for k in tags)
+    record = store.lineage_record("2")
+    assert record["tags"] == tags and len(record["lineage"]["config_hash"]) == 16
+    assert record["lineage"]["event_time_min"] == data[1_000].impression.ts  # epoch ms, as passed
+    assert record["lineage"]["train_examples"] + record["lineage"]["holdout_examples"] == 1_000
+    assert record["metrics"]["static.logloss"] == pytest.approx(reports[1].static["logloss"])
+    assert record["parent"]["version"] == "1"
+    assert record["parent"]["metrics"]["holdout.auc"] == pytest.approx(reports[0].candidate["auc"])
+    text = store.client.get_model_version(store.name, "2").description
+    assert "fine-tuned from **version 1**" in text and reports[1].decision.reason in text
+    first, last = (iso_time(data[i].impression.ts / 1000) for i in (1_000, 1_999))
+    assert f"event time {first} .. {last}" in text
+    assert '`{"p0": 2000}`' in text  # the input position
+    gate_row = next(line for line in text.splitlines() if "what the gate compared" in line)
+    assert f"{reports[1].candidate['logloss']:.4f} |" in gate_row
+    assert f"{reports[1].champion['logloss']:.4f} |" in gate_row
+    parent_holdout = next(line for line in text.splitlines() if line.startswith("| holdout"))
+    assert parent_holdout.endswith(f"{reports[0].candidate['logloss']:.4f} |")  # the parent's own
 
 
 def test_alias_resolves_and_moves(published):

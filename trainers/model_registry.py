@@ -1,4 +1,4 @@
-"""The registered model's versions, aliases and lineage tags: MLflow's client only.
+"""The registered model's versions, aliases, lineage tags and ``lineage.json``: MLflow's client only.
 
 :class:`ModelRegistry` imports neither torch nor the learner and creates no experiment, so commands
 that never load a model (`ctr rollback`, `ctr versions`) start fast and change nothing else.
@@ -7,10 +7,17 @@ that never load a model (`ctr rollback`, `ctr versions`) start fast and change n
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from pipeline.core.config import RegistryConfig
+from trainers.version_page import LINEAGE_FILE
 
 __all__ = ["ModelRegistry"]
 
@@ -74,3 +81,15 @@ class ModelRegistry:
         """The lineage tags of ``version`` (MLflow's own ``mlflow.*`` tags left out)."""
         mv = self.client.get_model_version(self.name, str(version))
         return {k: v for k, v in mv.tags.items() if not k.startswith(_SYSTEM_TAGS)}
+
+    def lineage_record(self, version: str) -> dict[str, Any]:
+        """``version``'s ``lineage.json`` (:mod:`trainers.version_page`): the full lineage, every
+        metric, the parent's metrics and the tags. Raises if the version has none (published
+        before lineage.json existed: its tags then hold everything)."""
+        uri = self.client.get_model_version_download_uri(self.name, str(version))
+        with tempfile.TemporaryDirectory(prefix="ctr-lineage-") as tmp:
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{uri.rstrip('/')}/{LINEAGE_FILE}", dst_path=tmp, tracking_uri=self.tracking_uri
+            )
+            record: dict[str, Any] = json.loads(Path(local).read_text())
+        return record

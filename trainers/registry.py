@@ -3,7 +3,9 @@
 Each :meth:`MlflowModelStore.publish` makes one MLflow run (params = trainer config and model spec,
 metrics = the block's metrics) that outputs one MLflow-3 logged model in pyfunc "models from code"
 format (code: ``trainers/mlflow_model.py``; artifact ``learner``: ``weights.pt`` + ``spec.json``),
-and registers it as a new version of ``cfg.model_name`` with the lineage as version tags (strings).
+and registers it as a new version of ``cfg.model_name``. What the version page shows (a description
+of its input, metrics beside its parent's and the gate's reason; ~15 tags, timestamps ISO 8601; the
+full lineage in ``lineage.json`` beside ``MLmodel``) is :mod:`trainers.version_page`.
 Everything goes through one ``MlflowClient`` bound to this store's URIs: no fluent API and no
 process-global tracking URI, so a store for a sqlite file and one for a tracking server can live in
 the same process. ``mlflow.pyfunc.load_model("models:/<name>@champion")`` works on what it writes.
@@ -42,11 +44,18 @@ from mlflow.types.schema import ColSpec, DataType, Map, Schema
 from pipeline.core.config import RegistryConfig
 from trainers.learner import TorchLearner
 from trainers.model_registry import ModelRegistry
+from trainers.version_page import (
+    LINEAGE_FILE,
+    describe,
+    lineage_document,
+    parent_metrics,
+    tag_text,
+    version_tags,
+)
 
 __all__ = ["MlflowModelStore", "code_version", "config_hash"]
 
 _MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
-_TAG_LIMIT = 8_000  # longest tag value we write (MLflow's run-tag limit; version tags allow more)
 
 
 @functools.cache
@@ -120,18 +129,13 @@ def _input_example(learner: TorchLearner) -> pd.DataFrame:
     )
 
 
-def _tag(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= _TAG_LIMIT else text[: _TAG_LIMIT - 3] + "..."
-
-
 def _flatten(prefix: str, d: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         if isinstance(v, Mapping):
             out.update(_flatten(f"{prefix}{k}.", v))
         else:
-            out[f"{prefix}{k}"] = _tag(v)
+            out[f"{prefix}{k}"] = tag_text(v)
     return out
 
 
@@ -190,12 +194,14 @@ class MlflowModelStore(ModelRegistry):
     def publish(self, model: TorchLearner, lineage: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
         """Log ``model`` as a new registered version with ``lineage`` and ``metrics``; its number."""
         start = time.perf_counter()
-        tags = {k: _tag(v) for k, v in lineage.items() if v is not None}
-        tags.setdefault("code_version", code_version())
-        tags.setdefault("config_hash", config_hash(model))
-        tags.update({f"metric.{k}": repr(float(v)) for k, v in metrics.items()})
+        lineage = {"code_version": code_version(), "config_hash": config_hash(model)} | dict(lineage)
+        tags = version_tags(lineage, metrics)
+        parent = self._parent(lineage.get("parent_version"))
+        description = describe(lineage, metrics, parent)
         run = self.client.create_run(
-            self.experiment_id, tags=tags, run_name=f"{self.name}-block-{lineage.get('block', '?')}"
+            self.experiment_id,
+            tags=tags | {"mlflow.note.content": description},  # the run page says the same
+            run_name=f"{self.name}-block-{lineage.get('block', '?')}",
         )
         run_id = run.info.run_id
         try:
@@ -228,6 +234,7 @@ class MlflowModelStore(ModelRegistry):
                     signature=_signature(),
                     input_example=_input_example(model),
                 )
+                (local / LINEAGE_FILE).write_text(lineage_document(lineage, metrics, tags, parent))
                 self.client.log_model_artifacts(logged.model_id, str(local))
             self.client.finalize_logged_model(logged.model_id, "READY")
             self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
@@ -236,7 +243,12 @@ class MlflowModelStore(ModelRegistry):
             # store resolves "models:/<id>" with the process-global tracking URI (an MLflow TODO),
             # which is not ours. With model_id given, a tracking server accepts it too.
             version = self.client.create_model_version(
-                self.name, source=logged.artifact_location, run_id=run_id, tags=tags, model_id=logged.model_id
+                self.name,
+                source=logged.artifact_location,
+                run_id=run_id,
+                tags=tags,
+                description=description,
+                model_id=logged.model_id,
             )
             self.client.set_terminated(run_id, "FINISHED")
         except BaseException:
@@ -245,6 +257,18 @@ class MlflowModelStore(ModelRegistry):
             raise
         self.last_publish_s = time.perf_counter() - start
         return str(version.version)
+
+    def _parent(self, version: Any) -> dict[str, Any] | None:
+        """The parent version's block and tagged metrics (for the description); None if none."""
+        if version is None or str(version) == "none":
+            return None
+        try:
+            tags = self.client.get_model_version(self.name, str(version)).tags or {}
+        except MlflowException as exc:  # deleted: describe without it; an outage is raised (retried)
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+        return {"version": str(version), "block": tags.get("block"), "metrics": parent_metrics(tags)}
 
     def load(self, version: str, *, device: str | None = None) -> TorchLearner:
         """Download ``version``'s artifacts and rebuild its learner (``weights_only=True``)."""

@@ -146,7 +146,12 @@ def publish_versions(store: Any, count: int, *, seed: int = 11) -> Any:
 
     cfg = small_trainer_config()
     trainer = IncrementalTrainer(cfg, store)
-    reports = trainer.add(synthetic_examples(count * cfg.train_every, seed=seed))
+    examples, n = synthetic_examples(count * cfg.train_every, seed=seed), cfg.train_every
+    reports = []
+    for i in range(count):  # one block per call, with a Kafka-like position (two partitions)
+        offsets = [{f"examples:{p}": b * n // 2 for p in (0, 1)} for b in (i, i + 1)]
+        position = {"kafka_offsets_from": offsets[0], "kafka_offsets_to": offsets[1]}
+        reports += trainer.add(examples[i * n : (i + 1) * n], position=position)
     versions = [r.version for r in reports]
     if len(versions) != count or None in versions:
         raise RuntimeError(f"publish_versions: expected {count} published blocks, got {versions}")

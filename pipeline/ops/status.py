@@ -198,6 +198,7 @@ def _daemons(cfg: Config) -> dict[str, Any]:
 # -- models and replicas -------------------------------------------------------------------------
 def _models(cfg: Config, last: int) -> dict[str, Any]:
     from trainers.registry import MlflowModelStore
+    from trainers.version_page import tag_time
 
     store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
     versions = store.versions()
@@ -212,7 +213,7 @@ def _models(cfg: Config, last: int) -> dict[str, Any]:
                 "online_auc": _num(tags.get("metric.online.auc")),
                 "online_logloss": _num(tags.get("metric.online.logloss")),
                 "holdout_auc": _num(tags.get("metric.holdout.auc")),
-                "block_closed_at": _num(tags.get("block_closed_at")),
+                "block_closed_at": tag_time(tags.get("block_closed_at")),  # ISO 8601 tag -> epoch s
                 "gate": tags.get("gate_reason", ""),
             }
         )

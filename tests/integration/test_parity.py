@@ -30,6 +30,7 @@ from pipeline.core.partitioning import partition_of
 from pipeline.kafka.io import ensure_topics
 from pipeline.sources.jsonl_mapping import write_jsonl
 from pipeline.sources.simulator import Simulator
+from trainers.version_page import iso_time
 
 PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
 HOUR_MS = 3_600_000
@@ -172,9 +173,9 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         compared += 1
         tags = versions[block].tags
         assert int(tags["examples"]) == BLOCK
-        assert (int(tags["event_time_min"]), int(tags["event_time_max"])) == (
-            int(row["event_time_min"]),
-            int(row["event_time_max"]),
+        assert (tags["event_time_min"], tags["event_time_max"]) == (  # ISO 8601 in tags, epoch ms in rows
+            iso_time(int(row["event_time_min"]) / 1000),
+            iso_time(int(row["event_time_max"]) / 1000),
         )
         assert float(tags["metric.online.auc"]) == pytest.approx(float(row["online_auc"]), abs=1e-9)
         assert float(tags["metric.online.logloss"]) == pytest.approx(float(row["online_logloss"]), abs=1e-9)

@@ -30,6 +30,7 @@ from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version as replica_version
 from serving_bridge.replica_processes import stop_processes
 from tests.integration.stream_truth import expected_labels
+from trainers.version_page import tag_time
 
 IMPRESSIONS = 280_000  # plus ~17k clicks and ~1k duplicates: over 300,000 events
 SEED = 21
@@ -246,7 +247,8 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
     for v in versions:
         lineage = store.lineage(v)
         position = json.loads(lineage["position"])
-        assert float(lineage["block_closed_at"]) > time.time() - 3_600  # wall time: freshness starts there
+        closed_at = tag_time(lineage["block_closed_at"])  # ISO 8601: wall time, freshness starts there
+        assert closed_at is not None and closed_at > time.time() - 3_600
         assert set(position) == {"kafka_offsets_from", "kafka_offsets_to"}
         assert all(k.startswith(run.examples_topic) for k in position["kafka_offsets_to"])
         if previous_to is not None:

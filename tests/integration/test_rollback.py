@@ -1,5 +1,6 @@
 """Rollback end to end on the real MLflow server and Redis: in the MLflow UI (headless Chromium),
-with `ctr rollback`, and the trainer gating against a rolled-back champion.
+with `ctr rollback`, and the trainer gating against a rolled-back champion; and the version page the
+operator reads before rolling back (its description, screenshotted into the test's tmp dir).
 
 The UI and `ctr rollback` tests share one deployment (three versions, two `ctr serve` replicas) and
 each rolls back from whatever the champion is to another version. They wait with generous deadlines
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,6 +136,38 @@ def test_moving_champion_in_the_mlflow_ui_brings_every_replica_to_that_version(
     assert None not in seconds.values(), f"{seconds}\n{d.fleet.logs()}"
     assert d.store.resolve("champion") == target
     assert set(d.fleet.versions().values()) == {target}
+
+
+def test_the_version_page_says_what_the_version_learned_and_how_it_compares_without_scrolling(
+    deployment: Deployment, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d = deployment
+    tags = d.store.lineage("2")
+    ours = [k for k in tags if not k.startswith("rollback.")]  # a rollback test may have added those
+    assert len(ours) <= 15 and tags["parent_version"] == "1"  # was ~50; the rest is in lineage.json
+    assert datetime.fromisoformat(tags["event_time_min"]).tzinfo is not None
+    browser.get(f"{d.env['CTR_REGISTRY_TRACKING_URI']}/#/models/{d.store.name}/versions/2")
+    gate_cell = WebDriverWait(browser, DEADLINE_S).until(
+        lambda b: b.find_element(By.XPATH, "//td[contains(., 'what the gate compared')]")
+    )
+    screenshot = tmp_path / "mlflow-version-page.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"\nversion page: {screenshot}")
+    page = browser.find_element(By.TAG_NAME, "body").text
+    for expected in (
+        "fine-tuned from version 1",
+        f"Gate: {tags['gate_reason']}",
+        f"event time {tags['event_time_min']} .. {tags['event_time_max']}",
+        "parent: version 1, block 1",
+        "examples p0 ",  # the Kafka offsets it learned from
+        f"{float(tags['metric.holdout_champion.logloss']):.4f}",  # the parent on this block's holdout
+    ):
+        assert expected in page, f"{expected!r} not on the version page:\n{page}"
+    bottom = browser.execute_script("return arguments[0].getBoundingClientRect().bottom", gate_cell)
+    assert bottom <= browser.execute_script("return window.innerHeight"), "the description needs scrolling"
 
 
 def test_the_trainer_gates_against_a_rolled_back_champion(services: dict[str, str], mlflow_scope) -> None:
