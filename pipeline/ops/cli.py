@@ -25,6 +25,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
+from pipeline.sources.worlds import WORLDS, open_world
 
 __all__ = ["main"]
 
@@ -53,6 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--impressions", type=int, default=100_000)
     s.add_argument("--seed", type=int, default=7)
+    s.add_argument(
+        "--world",
+        choices=WORLDS,
+        default="simulator",
+        help="simulator (drifting interests, [simulator] config), lifecycle (ad life cycles, position bias, "
+        "CTR ~0.5%%) or shifts (abrupt shifts, new-user bursts, late clicks, CTR ~2-3%%); "
+        "pipeline/sources/worlds/",
+    )
 
     r = sub.add_parser(
         "replay", help="folded into `ctr backtest`, `ctr demo --source`, `ctr produce --source`"
@@ -147,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(svc["up"] for svc in status["services"].values()) else 1
     if args.command == "simulate":
         from pipeline.sources.jsonl_mapping import write_jsonl
-        from pipeline.sources.simulator import Simulator
 
-        n = write_jsonl(Simulator(cfg.simulator, args.seed).stream(args.impressions), args.out)
+        world = open_world(args.world, args.seed, cfg.simulator)
+        n = write_jsonl(world.stream(args.impressions), args.out)
         print(f"wrote {n:,} events to {args.out}")
         return 0
     if args.command == "demo" and args.source is not None:

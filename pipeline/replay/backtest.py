@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class BacktestResult:
     summary: dict[str, Any]
     out: Path
     dead_letters: Diagnosis | None = None  # the verdict on the input (failed: mostly dead letters)
+    scores: list[BlockScores] = field(default_factory=list)  # every block's labels and learners' scores
 
 
 class LocalVersions:
@@ -88,11 +89,13 @@ def run_backtest(
     mlflow_run: bool = True,
     extra: dict[str, Any] | None = None,
     examples_out: Path | None = None,
+    ftrl: bool = True,
 ) -> BacktestResult:
     """Replay ``source`` through :class:`OnlineLoop` with the three learners; write the report.
 
     ``examples_out``: also write every labelled example there (JSONL, the bytes the joiner daemon
-    puts on Kafka), in the order the trainer takes them.
+    puts on Kafka), in the order the trainer takes them. ``ftrl=False`` leaves the FTRL baseline out
+    (a second run of the same stream with another model, whose FTRL scores would be the same).
     """
     out.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
@@ -103,18 +106,21 @@ def run_backtest(
         from trainers.registry import MlflowModelStore
 
         store = MlflowModelStore.embedded(cfg.registry, out)
-    ftrl = FtrlLearner(
-        cfg.trainer.hash_buckets,
-        FtrlParams(alpha=b.ftrl_alpha, beta=b.ftrl_beta, l1=b.ftrl_l1, l2=b.ftrl_l2),
-        batch_size=b.ftrl_batch_size,
-    )
+    learners = LEARNERS if ftrl else tuple(n for n in LEARNERS if n != "ftrl")
+    baselines = {
+        "ftrl": FtrlLearner(
+            cfg.trainer.hash_buckets,
+            FtrlParams(alpha=b.ftrl_alpha, beta=b.ftrl_beta, l1=b.ftrl_l1, l2=b.ftrl_l2),
+            batch_size=b.ftrl_batch_size,
+        )
+    }
     scores: list[BlockScores] = []
     trainer = IncrementalTrainer(
         cfg.trainer,
         store,
         alias=cfg.registry.champion_alias,
         resume=False,
-        baselines={"ftrl": ftrl},
+        baselines=baselines if ftrl else {},
         on_scores=scores.append,
     )
     rows: list[dict[str, Any]] = []
@@ -123,7 +129,7 @@ def run_backtest(
     )
 
     def on_report(r: BlockReport) -> None:
-        rows.append(report.block_row(r, LEARNERS))
+        rows.append(report.block_row(r, learners))
         progress.set_postfix_str(f"block {r.index} online AUC {r.online['auc']:.4f}", refresh=False)
 
     (out / "dead_letters.jsonl").unlink(missing_ok=True)
@@ -165,7 +171,7 @@ def run_backtest(
         "dead_letter_share": verdict.share,
         "dead_letter_hints": verdict.hints,
         "versions": sum(1 for r in rows if r["version"]),
-        **report.summarize(scores, LEARNERS, resamples=b.bootstrap_resamples, seed=seed),
+        **report.summarize(scores, learners, resamples=b.bootstrap_resamples, seed=seed),
         "loop_s": loop_s,
         "examples_per_s": result.examples / loop_s if loop_s > 0 else 0.0,
         "events_per_s": result.events / loop_s if loop_s > 0 else 0.0,
@@ -178,7 +184,7 @@ def run_backtest(
         "config": cfg.to_dict(),
     }
     files = [report.write_csv(rows, out / "metrics.csv")]
-    files += report.write_plots(rows, LEARNERS, out)
+    files += report.write_plots(rows, learners, out)
     files.append(report.write_html(summary, rows, files[1:], out))
     summary["wall_s"] = time.perf_counter() - wall0
     files.append(report.dump_json(summary, out / "summary.json"))
@@ -193,7 +199,7 @@ def run_backtest(
         )
         say(f"MLflow run {run} in {uri}")
     _print_summary(summary, say)
-    return BacktestResult(summary, out, verdict)
+    return BacktestResult(summary, out, verdict, scores)
 
 
 def _verdict(cfg: Config, events: int, by_reason: dict[str, int], path: Path) -> Diagnosis:

@@ -19,13 +19,12 @@ import itertools
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.core.types import EventKind, ManualClock, RawEvent
 from pipeline.sources.jsonl_mapping import JsonlMapping
-from pipeline.sources.simulator import Simulator
 
-__all__ = ["JsonlSource", "MergedJsonlSource", "SimulatorSource"]
+__all__ = ["JsonlSource", "MergedJsonlSource", "SeededStream", "SimulatorSource"]
 
 _KINDS = ("impression", "click")
 # A timestamp this far past its batch's median does not move the clock, so one corrupt event (say
@@ -102,8 +101,17 @@ def _key_of(value: Any, pop: bool = False) -> bytes | None:
     return user.encode("utf-8", "surrogatepass") if isinstance(user, str) else None  # keyed by user
 
 
+class SeededStream(Protocol):
+    """A deterministic event stream for a seed: the simulator or a :mod:`pipeline.sources.worlds` world."""
+
+    seed: int
+
+    def stream(self, n_impressions: int) -> Iterator[tuple[EventKind, dict[str, Any]]]: ...
+
+
 class SimulatorSource(_BatchingSource):
-    """The in-process :class:`Simulator` stream; ``offset`` is the event's arrival sequence number.
+    """An in-process :class:`SeededStream` (the simulator or another world); ``offset`` is the event's
+    arrival sequence number.
 
     Resuming regenerates the (deterministic) stream and skips to the snapshot's offset.
     """
@@ -112,7 +120,7 @@ class SimulatorSource(_BatchingSource):
 
     def __init__(
         self,
-        simulator: Simulator,
+        simulator: SeededStream,
         n_impressions: int,
         batch_size: int = 5_000,
         resume: dict[str, Any] | None = None,

@@ -1,0 +1,322 @@
+"""Learning quality on many worlds: every learner replayed through ``ctr backtest``'s engine.
+
+Each world (the project's simulator at three settings, the ``lifecycle`` and ``shifts`` worlds of
+:mod:`pipeline.sources.worlds`, and the real samples in ``../shared/datasets``: Avazu's first hour,
+Open Bandit men / women under the random and the bts policy) is replayed by
+:func:`pipeline.replay.backtest.run_backtest`: validation, the joiner's partition tasks, the
+streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progressive
+(predict-then-learn) scores on every block. Learners:
+
+- ``default``: the online champion with TrainerConfig's default model (``trainer.model``); this
+  run also yields ``static`` (that model frozen after block 1) and ``ftrl`` (FTRL-Proximal logistic
+  regression on the same hashed features, the backtest's baseline);
+- ``deepfm`` and ``dcnv2``: the online champion with that model, a separate run without the FTRL
+  baseline (its scores would be the same); a model equal to the default is not run twice.
+
+Per world and learner: AUC with a paired bootstrap 95% CI, logloss, NE, calibration over blocks 2+
+(where every learner exists), over all blocks, and per block; the issue's Must-show checks; one PNG
+per world (``<out>/quality/<world>.png``), ``<out>/quality.json`` and a markdown table on stdout.
+
+    python benchmarks/quality.py                     # the full suite (~20-25 min on 2 shared cores)
+    python benchmarks/quality.py --quick             # smaller synthetic streams (~3-5 min)
+    python benchmarks/quality.py --quick --worlds shifts,obd-bts-men --learners default,ftrl \
+        --set trainer.lr_sparse=0.05     # an ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quality_report import checks, markdown, plot_world, score_world
+
+from pipeline.core.config import Config
+from pipeline.core.config_loader import env_names, load_config
+from pipeline.core.types import Clock, RawEvent, Source
+from pipeline.replay.backtest import run_backtest
+from pipeline.replay.report import dump_json
+from pipeline.sources.open import open_source
+from pipeline.sources.streams import SimulatorSource
+from pipeline.sources.worlds import open_world
+
+ROOT = Path(__file__).resolve().parent.parent
+LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static")
+SYNTHETIC_IMPRESSIONS = (200_000, 50_000)  # full, --quick
+SYNTHETIC_BLOCK = (50_000, 10_000)
+REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """How to open one world: ``kind`` a world of pipeline.sources.worlds, or a reader format."""
+
+    kind: str  # simulator | lifecycle | shifts | avazu | obd
+    seed: int
+    what: str
+    simulator: dict[str, Any] = dataclasses.field(default_factory=dict)  # SimulatorConfig overrides
+    path: str = ""  # under --datasets, for the real samples
+
+    @property
+    def real(self) -> bool:
+        return bool(self.path)
+
+
+WORLDS: dict[str, WorldSpec] = {
+    "sim-default": WorldSpec("simulator", 7, "the project's simulator, default settings (6% CTR)"),
+    "sim-fastdrift": WorldSpec(
+        "simulator",
+        11,
+        "simulator: interests move 4x faster, 25% of users redrawn hourly, 3% CTR",
+        {"drift_half_life_s": 3_600.0, "shift_every_s": 3_600.0, "shift_fraction": 0.25, "base_ctr": 0.03},
+    ),
+    "sim-sparse": WorldSpec(
+        "simulator",
+        3,
+        "simulator: 50k users, 10k items, heavier tails (many rare ids), weaker interests, 2% CTR",
+        {
+            "users": 50_000,
+            "items": 10_000,
+            "user_zipf": 1.1,
+            "item_zipf": 1.0,
+            "interest_strength": 1.2,
+            "base_ctr": 0.02,
+        },
+    ),
+    "lifecycle": WorldSpec(
+        "lifecycle", 1, "ad life cycles, cold start, position bias, seasonality, 0.5% CTR"
+    ),
+    "shifts": WorldSpec(
+        "shifts", 2, "abrupt shifts, new-user bursts, ~20% of clicks past the window, ~3% CTR"
+    ),
+    "avazu": WorldSpec(
+        "avazu",
+        7,
+        "Avazu, first 9,999 rows (one hour), 17% CTR",
+        path="avazu_first_hour/avazu_train_first_9999.csv",
+    ),
+}
+for _policy in ("random", "bts"):
+    for _campaign in ("men", "women"):
+        WORLDS[f"obd-{_policy}-{_campaign}"] = WorldSpec(
+            "obd",
+            7,
+            f"Open Bandit, {_policy} policy, {_campaign} campaign (10k rows, ~0.5% CTR)",
+            path=f"open_bandit_obd/{_policy}/{_campaign}",
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of: {', '.join(WORLDS)}")
+    p.add_argument(
+        "--learners", default=",".join(LEARNERS), help=f"comma-separated, of: {', '.join(LEARNERS)}"
+    )
+    p.add_argument("--quick", action="store_true", help="50k-impression synthetic worlds, blocks of 10k")
+    p.add_argument(
+        "--impressions", type=int, help="impressions per synthetic world (default 200k; quick 50k)"
+    )
+    p.add_argument(
+        "--train-every", type=int, help="block size of the synthetic worlds (default 50k; quick 10k)"
+    )
+    p.add_argument("--real-train-every", type=int, default=REAL_BLOCK, help="block size of the real samples")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="config override, repeatable (trainer.lr_sparse=0.05); as CTR_TRAINER_LR_SPARSE",
+    )
+    p.add_argument("--config", type=Path, help="TOML config file under the overrides")
+    p.add_argument("--datasets", type=Path, default=ROOT.parent / "shared" / "datasets")
+    p.add_argument("--resamples", type=int, default=200, help="bootstrap resamples for the AUC CIs")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "results",
+        help="writes <out>/quality.json and <out>/quality/<world>.png",
+    )
+    return p.parse_args(argv)
+
+
+def overrides(pairs: list[str]) -> dict[str, str]:
+    """``section.field=value`` -> ``{"CTR_SECTION_FIELD": value}``, checked against the config's names."""
+    known, out = env_names(), {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        name = "CTR_" + key.strip().replace(".", "_").upper()
+        if not sep or "." not in key or name not in known:
+            raise SystemExit(f"quality: --set {pair!r}: expected section.field=value with a config field")
+        out[name] = value.strip()
+    return out
+
+
+class _Progress:
+    """``source``, printing how far it is every 15 s (a backtest over a file shows no bar here)."""
+
+    def __init__(self, source: Source, label: str) -> None:
+        self.source, self.label, self.events, self.t0 = source, label, 0, time.perf_counter()
+
+    @property
+    def clock(self) -> Clock:
+        return self.source.clock
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.source.snapshot()
+
+    def batches(self) -> Iterator[list[RawEvent]]:
+        last = self.t0
+        for batch in self.source.batches():
+            self.events += len(batch)
+            if time.perf_counter() - last > 15:
+                last = time.perf_counter()
+                print(
+                    f"    {self.label}: {self.events:,} events, {last - self.t0:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            yield batch
+
+
+def open_world_source(cfg: Config, spec: WorldSpec, impressions: int, datasets: Path) -> Source:
+    if spec.real:
+        return open_source(cfg, spec.kind, datasets / spec.path, seed=spec.seed, impressions=0)
+    sim = dataclasses.replace(cfg.simulator, **spec.simulator)
+    return SimulatorSource(open_world(spec.kind, spec.seed, sim), impressions)
+
+
+def run_world(
+    name: str,
+    spec: WorldSpec,
+    base: Config,
+    args: argparse.Namespace,
+    learners: list[str],
+    say: Callable[..., None],
+) -> dict[str, Any]:
+    default_model = base.trainer.model
+    runs: dict[str, list[str]] = {}  # model -> the learners its run gives
+    if {"default", "ftrl", "static"} & set(learners):
+        runs[default_model] = [n for n in ("default", "ftrl", "static") if n in learners]
+    for m in ("deepfm", "dcnv2"):
+        if m in learners:
+            runs.setdefault(m, []).append(m)
+    impressions = args.impressions or SYNTHETIC_IMPRESSIONS[args.quick]
+    block = args.real_train_every if spec.real else (args.train_every or SYNTHETIC_BLOCK[args.quick])
+    blocks: dict[int, dict[str, Any]] = {}
+    timing: dict[str, Any] = {}
+    for model, gives in runs.items():
+        cfg = load_config(args.config, env=args.env)  # a fresh copy per run
+        cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = model, block, spec.seed
+        cfg.backtest.bootstrap_resamples = 0  # the suite bootstraps every learner together
+        source = _Progress(open_world_source(cfg, spec, impressions, args.datasets), f"{name} {model}")
+        with tempfile.TemporaryDirectory(prefix=f"quality-{name}-") as tmp:
+            result = run_backtest(
+                cfg,
+                source,
+                Path(tmp),
+                title=f"{name} {model}",
+                seed=spec.seed,
+                quiet=True,
+                mlflow_run=False,
+                ftrl="ftrl" in gives,
+            )
+        s = result.summary
+        timing[model] = {
+            "loop_s": round(s["loop_s"], 1),
+            "examples_per_s": round(s["examples_per_s"]),
+            "learners": gives,
+            "examples": s["examples"],
+            "dead_letters": s["dead_letters"],
+        }
+        say(f"  {name} {model}: {s['examples']:,} examples, {s['blocks']} blocks in {s['loop_s']:.0f}s")
+        names = {"online": "default" if "default" in gives else model, "static": "static", "ftrl": "ftrl"}
+        for b in result.scores:
+            row = blocks.setdefault(b.index, {"index": b.index, "labels": b.labels, "scores": {}})
+            if row["labels"].shape != b.labels.shape or not (row["labels"] == b.labels).all():
+                raise SystemExit(f"quality: {name}: block {b.index} has other labels under {model}")
+            for k, v in b.scores.items():
+                if names.get(k) in learners and (k != "static" or "static" in gives):
+                    row["scores"][names[k]] = v
+    if "deepfm" in learners and default_model == "deepfm" and "default" in runs.get("deepfm", []):
+        for row in blocks.values():  # the default run is the deepfm run: not trained twice
+            row["scores"]["deepfm"] = row["scores"]["default"]
+    scored = score_world(list(blocks.values()), learners, resamples=args.resamples, seed=spec.seed)
+    scored["checks"] = {n: checks(scored, n) for n in learners}
+    return {
+        "spec": dataclasses.asdict(spec)
+        | {"impressions": 0 if spec.real else impressions, "train_every": block},
+        **scored,
+        "runs": timing,
+    }
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    worlds = [w.strip() for w in args.worlds.split(",") if w.strip()]
+    learners = [n.strip() for n in args.learners.split(",") if n.strip()]
+    for w in worlds:
+        if w not in WORLDS:
+            raise SystemExit(f"quality: unknown world {w!r}; known: {', '.join(WORLDS)}")
+    for n in learners:
+        if n not in LEARNERS:
+            raise SystemExit(f"quality: unknown learner {n!r}; known: {', '.join(LEARNERS)}")
+    args.env = {**os.environ, **overrides(args.set)}
+    base = load_config(args.config, env=args.env)
+
+    def say(*a: Any) -> None:
+        print(*a, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {}
+    for i, w in enumerate(worlds, 1):
+        spec = WORLDS[w]
+        if spec.real and not (args.datasets / spec.path).exists():
+            say(f"[{i}/{len(worlds)}] {w}: {args.datasets / spec.path} not found, skipped")
+            continue
+        say(f"[{i}/{len(worlds)}] {w}: {spec.what} ({time.perf_counter() - t0:.0f}s so far)")
+        results[w] = run_world(w, spec, base, args, learners, say)
+        plot_world(w, results[w], learners, args.out / "quality" / f"{w}.png")
+    table = markdown(results, learners)
+    meta = {
+        "commit": git_commit(),
+        "command": " ".join(["python benchmarks/quality.py", *(argv if argv is not None else sys.argv[1:])]),
+        "quick": args.quick,
+        "default_model": base.trainer.model,
+        "overrides": args.set,
+        "learners": learners,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cpus": os.cpu_count(),
+        "trainer": base.to_dict()["trainer"],
+    }
+    for r in results.values():  # arrays of per-block scores are not kept; metrics are
+        r.pop("blocks", None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dump_json({"meta": meta, "worlds": results}, args.out / "quality.json")
+    print(table)
+    print(
+        f"\n{len(results)} worlds in {meta['wall_s']:.0f}s; default model {base.trainer.model}; "
+        f"results in {args.out / 'quality.json'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The quality suite's scoring: per-learner metrics of one world, the Must-show checks, table, plot.
+
+Metrics are the project's own (:func:`trainers.metrics.block_metrics`: AUC, logloss, NE = logloss /
+entropy of the evaluated rows' base rate, calibration = sum predicted / sum observed) over the
+progressive (predict-then-learn) scores of ``ctr backtest``'s engine; AUC intervals are the
+backtest's paired percentile bootstrap over examples (:mod:`pipeline.replay.bootstrap`).
+
+- ``blocks2``: blocks 2 onwards, where every learner exists (block 1 is scored by untrained models);
+  the checks are judged here.
+- ``overall``: every block the learner scored (``static`` has no block 1: the same as ``blocks2``).
+- ``per_block``: each block on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.replay.bootstrap import paired_bootstrap_auc, percentile_ci
+from trainers.metrics import block_metrics
+
+__all__ = ["checks", "markdown", "plot_world", "score_world"]
+
+METRICS = ("auc", "logloss", "ne", "calibration")
+BLOCK_MIN_POSITIVES = 100  # a block's NE is judged only with this many clicks (fewer: too noisy)
+CALIBRATION = (0.9, 1.1)
+
+
+def _pooled(y: np.ndarray, p: np.ndarray, boot: np.ndarray | None) -> dict[str, Any]:
+    m = block_metrics(y, p) if y.size else {}
+    out = {k: m.get(k, math.nan) for k in METRICS}
+    out |= {"examples": int(y.size), "positives": int(y.sum()) if y.size else 0}
+    out["auc_ci95"] = percentile_ci(boot) if boot is not None else [math.nan, math.nan]
+    return out
+
+
+def score_world(
+    blocks: Sequence[Mapping[str, Any]], learners: Sequence[str], *, resamples: int, seed: int
+) -> dict[str, Any]:
+    """``blocks``: ``{"index", "labels", "scores": {learner: probabilities}}`` in block order."""
+    out: dict[str, Any] = {"learners": {}, "margins": {}}
+    later = [b for b in blocks if b["index"] >= 2 and all(n in b["scores"] for n in learners)]
+    y2 = np.concatenate([b["labels"] for b in later]) if later else np.zeros(0)
+    s2 = {n: np.concatenate([b["scores"][n] for b in later]) if later else np.zeros(0) for n in learners}
+    boot2 = paired_bootstrap_auc(y2, s2, resamples=resamples, seed=seed)
+    full = [n for n in learners if all(n in b["scores"] for b in blocks)]
+    y1 = np.concatenate([b["labels"] for b in blocks]) if blocks else np.zeros(0)
+    s1 = {n: np.concatenate([b["scores"][n] for b in blocks]) for n in full} if blocks else {}
+    boot1 = paired_bootstrap_auc(y1, s1, resamples=resamples, seed=seed)
+    for n in learners:
+        per_block = []
+        for b in blocks:
+            if n in b["scores"]:
+                m = block_metrics(b["labels"], b["scores"][n])
+                per_block.append(
+                    {"block": b["index"], "examples": int(m["count"]), "positives": int(m["positives"])}
+                )
+                per_block[-1] |= {k: m[k] for k in METRICS}
+        out["learners"][n] = {
+            "blocks2": _pooled(y2, s2[n], boot2[n]),
+            "overall": _pooled(y1, s1[n], boot1[n]) if n in s1 else _pooled(y2, s2[n], boot2[n]),
+            "per_block": per_block,
+        }
+    for n in learners:
+        if n != "ftrl" and "ftrl" in learners:
+            diff = boot2[n] - boot2["ftrl"]
+            auc = out["learners"][n]["blocks2"]["auc"] - out["learners"]["ftrl"]["blocks2"]["auc"]
+            out["margins"][f"{n}_vs_ftrl"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
+    return out
+
+
+def checks(world: Mapping[str, Any], learner: str) -> dict[str, Any]:
+    """The issue's Must-show checks for ``learner`` (judged on blocks 2+): AUC >= FTRL's (and the
+    paired CI of the difference above 0), NE < 1 pooled and on each block with >= 100 clicks,
+    calibration within [0.9, 1.1]."""
+    v = world["learners"][learner]
+    b2 = v["blocks2"]
+    margin = world["margins"].get(f"{learner}_vs_ftrl")
+    judged = [b for b in v["per_block"] if b["block"] >= 2 and b["positives"] >= BLOCK_MIN_POSITIVES]
+    lo, hi = CALIBRATION
+    out: dict[str, Any] = {
+        "auc_ge_ftrl": None if margin is None else bool(margin["auc"] >= 0),
+        "auc_beyond_ci": None if margin is None else bool(margin["auc_ci95"][0] > 0),
+        "ne_blocks2_lt_1": bool(b2["ne"] < 1),
+        "ne_blocks_judged": [b["block"] for b in judged],
+        "ne_every_block_lt_1": all(b["ne"] < 1 for b in judged),
+        "calibration_ok": bool(lo <= b2["calibration"] <= hi),
+    }
+    required = [out["auc_ge_ftrl"], out["ne_blocks2_lt_1"], out["ne_every_block_lt_1"], out["calibration_ok"]]
+    out["pass"] = all(x is not False for x in required)
+    return out
+
+
+def _f(x: Any, digits: int = 4) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def _yn(x: bool | None) -> str:
+    return "-" if x is None else ("pass" if x else "FAIL")
+
+
+def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -> str:
+    """One row per world and learner: AUC [CI], logloss, NE, calibration over blocks 2+, the checks."""
+    head = (
+        "| world | learner | AUC [95% CI] | logloss | NE | calib | AUC-FTRL [95% CI] "
+        "| AUC>=FTRL | NE<1 (2+, blocks) | calib ok | all |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for name, w in worlds.items():
+        for n in learners:
+            if n not in w["learners"]:
+                continue
+            b2 = w["learners"][n]["blocks2"]
+            ci = f"[{_f(b2['auc_ci95'][0])}, {_f(b2['auc_ci95'][1])}]"
+            m = w["margins"].get(f"{n}_vs_ftrl")
+            marg = "-" if m is None else f"{m['auc']:+.4f} [{m['auc_ci95'][0]:+.4f}, {m['auc_ci95'][1]:+.4f}]"
+            c = w["checks"][n]
+            auc_ok = _yn(c["auc_ge_ftrl"]) + (" (CI)" if c["auc_beyond_ci"] else "")
+            ne = (
+                f"{_yn(c['ne_blocks2_lt_1'])}, {_yn(c['ne_every_block_lt_1'])} ({len(c['ne_blocks_judged'])})"
+            )
+            lines.append(
+                f"| {name} | {n} | {_f(b2['auc'])} {ci} | {_f(b2['logloss'])} | {_f(b2['ne'], 3)} "
+                f"| {_f(b2['calibration'], 3)} | {marg} | {auc_ok} | {ne} | {_yn(c['calibration_ok'])} "
+                f"| {_yn(c['pass'])} |"
+            )
+    return "\n".join(lines)
+
+
+def plot_world(name: str, world: Mapping[str, Any], learners: Sequence[str], path: Path) -> Path:
+    """Per-block AUC, NE and calibration of every learner, one small PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, m in zip(axes, ("auc", "ne", "calibration"), strict=True):
+        for n in learners:
+            pts = [(b["block"], b[m]) for b in world["learners"][n]["per_block"] if math.isfinite(b[m])]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", ms=3, lw=1.2, label=n)
+        if m != "auc":
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        if m == "ne":
+            ax.set_ylim(0.6, 1.4)
+        if m == "calibration":
+            ax.set_ylim(0.4, 2.0)
+        ax.set_xlabel("block")
+        ax.set_title(f"progressive {m}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(name, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=60)
+    plt.close(fig)
+    return path

@@ -1,0 +1,167 @@
+"""What every synthetic world shares: arrivals in event time, the intercept, and the ordered stream.
+
+A world draws impressions chunk by chunk (each chunk from its own seeded generator, in order, so the
+first ``n`` impressions do not depend on ``n``) as :class:`Columns`: times, ids, features, the hidden
+click probability and, for the clicked ones, the delay. :meth:`World.stream` turns them into
+``ctr simulate``'s events in arrival order: impressions at their ``ts``, each click at its own
+``ts`` (a click due before a later impression comes first), however long its delay.
+
+>>> t = arrivals(np.random.default_rng(0), 0.0, 5, lambda s: np.full(s.size, 2.0), 2.0)
+>>> bool(np.all(np.diff(t) > 0)), t.size
+(True, 5)
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.core.types import EventKind
+
+__all__ = ["Columns", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid"]
+
+HOUR_MS = 3_600_000
+_HOURS = tuple(f"{h:02d}" for h in range(24))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def arrivals(
+    rng: np.random.Generator, t0_s: float, n: int, rate: Callable[[np.ndarray], np.ndarray], max_rate: float
+) -> np.ndarray:
+    """``n`` arrival times (seconds) after ``t0_s`` of a Poisson process of intensity ``rate(t)``
+    (per second, at most ``max_rate``), by thinning: candidates at ``max_rate``, each kept with
+    probability ``rate / max_rate``."""
+    out: list[np.ndarray] = []
+    have, t = 0, t0_s
+    while have < n:
+        cand = t + np.cumsum(rng.exponential(1.0 / max_rate, 2 * n))
+        keep = cand[rng.random(cand.size) * max_rate < rate(cand)]
+        out.append(keep)
+        have += keep.size
+        t = float(cand[-1])
+    return np.concatenate(out)[:n]
+
+
+def intercept(z: np.ndarray, target: float, scale: np.ndarray | float = 1.0) -> float:
+    """The ``b`` with ``mean(scale * sigmoid(z + b)) == target`` (bisection: monotone in ``b``)."""
+    lo, hi = -20.0, 10.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.mean(scale * sigmoid(z + mid)) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass
+class Columns:
+    """One chunk of impressions, column-wise; ``delay_ms`` is -1 where there is no click."""
+
+    ts: np.ndarray  # int64 epoch ms, non-decreasing
+    users: list[str]
+    items: list[str]
+    features: dict[str, list[str]]  # categorical name -> one value per impression
+    dense: dict[str, np.ndarray]  # numeric name -> one value per impression
+    p: np.ndarray  # the hidden click probability
+    delay_ms: np.ndarray  # int64; >= 1 for a click, -1 for none
+
+    def __len__(self) -> int:
+        return int(self.ts.size)
+
+
+class World:
+    """A seeded generator of impressions and clicks; subclasses implement :meth:`_chunk`.
+
+    ``seed`` and :meth:`stream` are what :class:`pipeline.sources.streams.SimulatorSource` reads.
+    """
+
+    name = ""
+    chunk = 5_000  # impressions per generated chunk: part of the seed -> stream mapping
+
+    def __init__(self, seed: int, start_ms: int) -> None:
+        self.seed, self.start_ms = seed, start_ms
+
+    def _chunks(self) -> Iterator[Columns]:
+        """Chunks of ``chunk`` impressions, forever, from a fresh state (so a stream is replayable)."""
+        raise NotImplementedError
+
+    def hour(self, ts: np.ndarray) -> np.ndarray:
+        return (ts // HOUR_MS) % 24
+
+    def columns(self, n_impressions: int) -> Iterator[tuple[int, Columns]]:
+        """``(index of the first impression, chunk)`` covering exactly ``n_impressions``."""
+        done = 0
+        for c in self._chunks():
+            if done >= n_impressions:
+                return
+            keep = min(len(c), n_impressions - done)
+            if keep < len(c):
+                c = Columns(
+                    c.ts[:keep],
+                    c.users[:keep],
+                    c.items[:keep],
+                    {k: v[:keep] for k, v in c.features.items()},
+                    {k: v[:keep] for k, v in c.dense.items()},
+                    c.p[:keep],
+                    c.delay_ms[:keep],
+                )
+            yield done, c
+            done += keep
+
+    def stream(self, n_impressions: int) -> Iterator[tuple[EventKind, dict[str, Any]]]:
+        """``n_impressions`` impressions and their clicks, in arrival (event-time) order."""
+        pending: list[tuple[int, int, str, str]] = []  # (click ts, impression index, impression id, user)
+        prefix = self.name
+        for first, c in self.columns(n_impressions):
+            names, dnames = list(c.features), list(c.dense)
+            fcols = [c.features[k] for k in names]
+            dcols = [np.round(c.dense[k], 4).tolist() for k in dnames]
+            for j, (ts, user, item, delay) in enumerate(
+                zip(c.ts.tolist(), c.users, c.items, c.delay_ms.tolist(), strict=True)
+            ):
+                while pending and pending[0][0] < ts:
+                    yield _click(*heapq.heappop(pending))
+                imp_id = f"{prefix}-{first + j}"
+                yield (
+                    "impression",
+                    {
+                        "impression_id": imp_id,
+                        "ts": ts,
+                        "user_id": user,
+                        "item_id": item,
+                        "features": {k: col[j] for k, col in zip(names, fcols, strict=True)},
+                        "dense": {k: col[j] for k, col in zip(dnames, dcols, strict=True)},
+                    },
+                )
+                if delay > 0:
+                    heapq.heappush(pending, (ts + delay, first + j, imp_id, user))
+        while pending:
+            yield _click(*heapq.heappop(pending))
+
+    def true_probabilities(self, n_impressions: int) -> dict[str, float]:
+        """The hidden click probability of each impression (an oracle, for benchmarks and tests)."""
+        prefix = self.name
+        return {
+            f"{prefix}-{first + j}": p
+            for first, c in self.columns(n_impressions)
+            for j, p in enumerate(c.p.tolist())
+        }
+
+    def hours(self, ts: np.ndarray) -> list[str]:
+        return [_HOURS[h] for h in self.hour(ts).tolist()]
+
+
+def _click(ts: int, _idx: int, imp_id: str, user: str) -> tuple[EventKind, dict[str, Any]]:
+    return "click", {"click_id": f"c{imp_id}", "impression_id": imp_id, "ts": ts, "user_id": user}
+
+
+def lognormal_ms(rng: np.random.Generator, n: int, median_s: float, sigma: float, cap_s: float) -> np.ndarray:
+    """Lognormal delays in whole milliseconds, at least 1 and at most ``cap_s``."""
+    d = np.exp(rng.standard_normal(n) * sigma + math.log(median_s * 1000))
+    return np.clip(np.round(d), 1, cap_s * 1000).astype(np.int64)
