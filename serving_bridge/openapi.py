@@ -1,109 +1,139 @@
-"""The scoring API's OpenAPI 3.1 description, and the request validator that reads it.
+"""The scoring API's request and response models (pydantic), and the OpenAPI 3.1 document made from them.
 
-The description is the single source of truth for the request schema: ``GET /openapi.json`` serves
-:func:`openapi_spec`, and the server validates every ``POST /score`` body with :func:`validate`
-against ``components.schemas.ScoreRequest`` of that same document. The validator implements the
-JSON Schema keywords the document uses (type, required, properties, additionalProperties, enum,
-min/maxItems, min/maxLength, maxProperties) and fails loudly on any other, so the two cannot drift.
+One definition, two uses, so the served description and the validation cannot drift: the server
+validates every ``POST /score`` body with :meth:`ScoreRequest.model_validate_json` (pydantic-core's
+parser: strict types, UTF-8, a recursion limit, lone surrogate escapes refused), and
+``GET /openapi.json`` serves :func:`openapi_spec`, whose ``components.schemas`` are those same
+models' JSON Schemas. The paths table below names, per route, its summary, its models and the
+status codes the server answers; :func:`error_message` turns pydantic's errors into the one-line
+``{"error": ...}`` the API answers.
 
->>> spec = openapi_spec(max_candidates=2)
->>> validate(request_schema(spec), {"user_id": "u1", "items": ["a", "b", "c"]})
-Traceback (most recent call last):
-...
-ValueError: items: at most 2 entries, got 3
+>>> model = score_request_model(max_candidates=2)
+>>> try:
+...     model.model_validate_json(b'{"user_id": "u1", "items": ["a", "b", "c"]}')
+... except ValueError as exc:
+...     print(error_message(exc))
+items: at most 2 entries, got 3
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Annotated, Any, Literal
 
-__all__ = ["MAX_ID_CHARS", "openapi_spec", "request_schema", "validate"]
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+__all__ = [
+    "MAX_CONTEXT_ENTRIES",
+    "MAX_ID_CHARS",
+    "ErrorBody",
+    "ScoreResponse",
+    "error_message",
+    "openapi_spec",
+    "score_request_model",
+]
 
 MAX_ID_CHARS = 256  # longest user id, item id, context key or value accepted
 MAX_CONTEXT_ENTRIES = 64
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
+Text = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+class ScoreResponse(BaseModel):
+    """One probability per candidate, in the request's order, and what made them."""
+
+    version: str = Field(description="the model version that made every score")
+    arm: Literal["champion", "challenger"] = Field(description="the A/B arm that scored")
+    replica: str
+    probabilities: list[float]
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 5xx answer: what was wrong and, where it helps, what to do."""
+
+    error: str
+
+
+@functools.cache
+def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
+    """The ``ScoreRequest`` model; ``items`` holds at most ``max_candidates`` (serving.max_candidates)."""
+
+    class ScoreRequest(BaseModel):
+        """Click probability of one user for each candidate item."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        user_id: Ident = Field(description="the raw user id (pseudonymized by the replica)")
+        context: Annotated[dict[Text, Text], Field(max_length=MAX_CONTEXT_ENTRIES)] = Field(
+            default_factory=dict, description="categorical context of the request (site, device, ...)"
+        )
+        items: Annotated[list[Ident], Field(min_length=1, max_length=max_candidates)] = Field(
+            description="candidate item ids, scored in this order"
+        )
+
+    return ScoreRequest
+
+
+# route -> (method, summary, request model name or None, {status: (description, model name or None)})
+_SCORE_ANSWERS: dict[str, tuple[str, str | None]] = {
+    "200": ("one probability per candidate", "ScoreResponse"),
+    "400": ("bad JSON or a body that does not match ScoreRequest", "ErrorBody"),
+    "401": ("missing or wrong bearer token (when the replica has one)", "ErrorBody"),
+    "405": ("a method other than POST (the response's Allow says which)", "ErrorBody"),
+    "408": ("the body did not arrive in full within a few seconds", "ErrorBody"),
+    "411": ("no Content-Length", "ErrorBody"),
+    "413": ("body larger than serving.max_body_bytes", "ErrorBody"),
+    "500": ("the model failed on a valid request (see the replica's log)", "ErrorBody"),
+    "503": ("overloaded or no model loaded yet; retry after Retry-After seconds", "ErrorBody"),
+}
+_GET_405: dict[str, tuple[str, str | None]] = {"405": ("a method other than GET", "ErrorBody")}
+ROUTES: dict[str, tuple[str, str, dict[str, tuple[str, str | None]]]] = {
+    "/score": ("post", "click probability of one user for each candidate item", _SCORE_ANSWERS),
+    "/healthz": ("get", "200 while the process runs", {"200": ("ok", None), **_GET_405}),
+    "/readyz": (
+        "get",
+        "200 once a model is loaded",
+        {"200": ("a model is loaded", None), "503": ("no model yet", None), **_GET_405},
+    ),
+    "/version": ("get", "the champion and challenger versions served", {"200": ("ok", None), **_GET_405}),
+    "/metrics": ("get", "Prometheus text exposition", {"200": ("ok", "text"), **_GET_405}),
+    "/openapi.json": ("get", "this document", {"200": ("ok", None), **_GET_405}),
+}
+
+
+def _answer(description: str, model: str | None) -> dict[str, Any]:
+    if model is None:
+        return {"description": description, "content": {"application/json": {"schema": {"type": "object"}}}}
+    if model == "text":
+        return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+    ref = {"$ref": f"#/components/schemas/{model}"}
+    return {"description": description, "content": {"application/json": {"schema": ref}}}
 
 
 def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, Any]:
     """The API description; ``max_candidates`` and ``auth`` follow the replica's configuration."""
-    ident = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS}
+    ref = "#/components/schemas/{model}"
     schemas = {
-        "ScoreRequest": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["user_id", "items"],
-            "properties": {
-                "user_id": {**ident, "description": "the raw user id (pseudonymized by the replica)"},
-                "context": {
-                    "type": "object",
-                    "description": "categorical context of the request (site, device, ...)",
-                    "maxProperties": MAX_CONTEXT_ENTRIES,
-                    "additionalProperties": {"type": "string", "maxLength": MAX_ID_CHARS},
-                },
-                "items": {
-                    "type": "array",
-                    "description": "candidate item ids, scored in this order",
-                    "minItems": 1,
-                    "maxItems": max_candidates,
-                    "items": ident,
-                },
-            },
-        },
-        "ScoreResponse": {
-            "type": "object",
-            "required": ["version", "arm", "replica", "probabilities"],
-            "properties": {
-                "version": {"type": "string", "description": "the model version that made every score"},
-                "arm": {"type": "string", "enum": ["champion", "challenger"]},
-                "replica": {"type": "string"},
-                "probabilities": {"type": "array", "items": {"type": "number"}},
-            },
-        },
-        "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        "ScoreRequest": score_request_model(max_candidates).model_json_schema(ref_template=ref),
+        "ScoreResponse": ScoreResponse.model_json_schema(ref_template=ref),
+        "ErrorBody": ErrorBody.model_json_schema(ref_template=ref),
     }
-    score: dict[str, Any] = {
-        "summary": "click probability of one user for each candidate item",
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}},
-        },
-        "responses": {
-            "200": _json({"$ref": "#/components/schemas/ScoreResponse"}, "one probability per candidate"),
-            "400": _json(_ERROR, "bad JSON or a body that does not match ScoreRequest"),
-            "401": _json(_ERROR, "missing or wrong bearer token (when the replica has one)"),
-            "405": _json(_ERROR, "a method other than POST (the response's Allow says which)"),
-            "408": _json(_ERROR, "the body did not arrive in full within a few seconds"),
-            "411": _json(_ERROR, "no Content-Length"),
-            "413": _json(_ERROR, "body larger than serving.max_body_bytes"),
-            "503": _json(_ERROR, "overloaded or no model loaded yet; retry after Retry-After seconds"),
-        },
-    }
-    if auth:
-        score["security"] = [{"bearer": []}]
-    plain = {"200": {"description": "ok"}}
+    paths: dict[str, Any] = {}
+    for path, (method, summary, answers) in ROUTES.items():
+        op: dict[str, Any] = {
+            "summary": summary,
+            "responses": {code: _answer(*answer) for code, answer in answers.items()},
+        }
+        if path == "/score":
+            body = {"$ref": "#/components/schemas/ScoreRequest"}
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+            if auth:
+                op["security"] = [{"bearer": []}]
+        paths[path] = {method: op}
     return {
         "openapi": "3.1.0",
         "info": {"title": "ctr-online scoring replica", "version": "1"},
-        "paths": {
-            "/score": {"post": score},
-            "/healthz": {"get": {"summary": "200 while the process runs", "responses": plain}},
-            "/readyz": {
-                "get": {
-                    "summary": "200 once a model is loaded",
-                    "responses": {**plain, "503": {"description": "no model"}},
-                }
-            },
-            "/version": {
-                "get": {"summary": "the champion and challenger versions served", "responses": plain}
-            },
-            "/metrics": {"get": {"summary": "Prometheus text", "responses": plain}},
-            "/openapi.json": {"get": {"summary": "this document", "responses": plain}},
-        },
+        "paths": paths,
         "components": {
             "schemas": schemas,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -111,90 +141,59 @@ def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, A
     }
 
 
-def request_schema(spec: dict[str, Any]) -> dict[str, Any]:
-    """The ``ScoreRequest`` schema of ``spec``."""
-    schema: dict[str, Any] = spec["components"]["schemas"]["ScoreRequest"]
-    return schema
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
+    return out or "body"
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "number": (int, float),
-    "integer": int,
-    "boolean": bool,
+_PHRASES = {
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be an array",
+    "string_type": "must be a string",
 }
-_KNOWN = {
-    "type", "required", "properties", "additionalProperties", "enum", "minItems", "maxItems",
-    "minLength", "maxLength", "maxProperties", "items", "description",
-}  # fmt: skip
 
 
-def validate(schema: dict[str, Any], value: Any, where: str = "") -> None:
-    """Raise ``ValueError("<path>: <what is wrong>")`` if ``value`` does not match ``schema``."""
-    unknown = set(schema) - _KNOWN
-    if unknown:
-        raise NotImplementedError(f"openapi: the validator does not implement {sorted(unknown)}")
-    at = where or "body"
-    kind = schema.get("type")
-    if kind is not None:
-        ok = isinstance(value, _TYPES[kind]) and not (kind != "boolean" and isinstance(value, bool))
-        if not ok:
-            raise ValueError(f"{at}: must be {'an' if kind[0] in 'aeio' else 'a'} {kind}, got {_name(value)}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise ValueError(f"{at}: must be one of {schema['enum']}")
-    if isinstance(value, str):
-        _check_unicode(value, at)
-        if len(value) < schema.get("minLength", 0):
-            raise ValueError(f"{at}: must not be empty" if not value else f"{at}: too short")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            raise ValueError(f"{at}: longer than {schema['maxLength']} characters")
-    elif isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            raise ValueError(f"{at}: at least {schema['minItems']} entries, got {len(value)}")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise ValueError(f"{at}: at most {schema['maxItems']} entries, got {len(value)}")
-        if "items" in schema:
-            for i, v in enumerate(value):
-                validate(schema["items"], v, f"{at}[{i}]")
-    elif isinstance(value, dict):
-        _validate_object(schema, value, where)
-
-
-def _validate_object(schema: dict[str, Any], value: dict[str, Any], where: str) -> None:
-    at = where or "body"
-    missing = [k for k in schema.get("required", ()) if k not in value]
-    if missing:
-        raise ValueError(f"{at}: missing required field(s) {missing}")
-    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-        raise ValueError(f"{at}: at most {schema['maxProperties']} entries, got {len(value)}")
-    props: dict[str, Any] = schema.get("properties", {})
-    extra = schema.get("additionalProperties", True)
-    if extra is False:
-        unknown = sorted(set(value) - set(props))
-        if unknown:
-            raise ValueError(f"{at}: unknown field(s) {unknown}; allowed: {sorted(props)}")
-    for key, v in value.items():
-        _check_unicode(key, f"{at} key {key!r}")
-        sub = props.get(key, extra if isinstance(extra, dict) else None)
-        if sub is not None:
-            validate(sub, v, f"{where}.{key}" if where else key)
-
-
-def _check_unicode(value: str, at: str) -> None:
-    """JSON's ``"\\ud800"`` parses to a lone surrogate: not Unicode text, and no UTF-8 encodes it
-    (the pseudonymizer and the feature hashing would raise on it later)."""
-    if not value.isascii():
-        try:
-            value.encode()
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"{at}: not valid Unicode (a lone surrogate at character {exc.start})") from None
+def error_message(exc: ValidationError | ValueError) -> str:
+    """One line for the first problem pydantic found, naming the field (``items[1]: ...``)."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    err = exc.errors(include_url=False)[0]
+    kind, at, ctx = err["type"], _where(err["loc"]), err.get("ctx") or {}
+    if kind == "json_invalid":
+        why = str(ctx.get("error", err["msg"]))
+        if "recursion limit" in why:
+            return f"body is not valid JSON: nested too deeply ({why})"
+        if "surrogate" in why or "hex escape" in why:
+            return f"body is not valid Unicode text: {why} (a lone surrogate such as \\ud800 is no character)"
+        return f"body is not valid JSON: {why}"
+    if kind == "json_type":
+        return "body is not valid JSON"
+    if kind == "missing":
+        parent, name = _where(err["loc"][:-1]), err["loc"][-1]
+        return f"{parent}: missing required field(s) [{name!r}]"
+    if kind == "extra_forbidden":
+        parent, name = _where(err["loc"][:-1]), err["loc"][-1]
+        return f"{parent}: unknown field(s) [{name!r}]; allowed: ['context', 'items', 'user_id']"
+    if kind == "too_short":
+        return f"{at}: at least {ctx.get('min_length')} entries, got {ctx.get('actual_length')}"
+    if kind == "too_long":
+        return f"{at}: at most {ctx.get('max_length')} entries, got {ctx.get('actual_length')}"
+    if kind == "string_too_short":
+        return f"{at}: must not be empty"
+    if kind == "string_too_long":
+        return f"{at}: longer than {ctx.get('max_length')} characters"
+    if kind in _PHRASES:
+        return f"{at}: {_PHRASES[kind]}, got {_name(err.get('input'))}"
+    return f"{at}: {err['msg']}"
 
 
 def _name(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", dict: "an object", list: "an array", str: "a string"}.get(
-        type(value), "a number" if isinstance(value, int | float) else type(value).__name__
-    )
+    if isinstance(value, bool):
+        return "a boolean"
+    names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
+    return names.get(type(value), "a number" if isinstance(value, int | float) else type(value).__name__)

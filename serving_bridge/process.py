@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,10 +16,10 @@ from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica
-from serving_bridge.server import ReplicaServer, kafka_partition, listen_for_swaps
+from serving_bridge.server import ReplicaServer, bind, kafka_partition, listen_for_swaps, serve_workers
 from trainers.registry import MlflowModelStore
 
-__all__ = ["BackgroundFeatureReader", "StoreNotOpen", "feature_reader", "run_replica"]
+__all__ = ["BackgroundFeatureReader", "StoreNotOpen", "feature_reader", "run_replica", "serve_replica"]
 
 log = logging.getLogger(__name__)
 FEATURE_PATHS = ("redis", "feast")
@@ -112,6 +114,7 @@ class BackgroundFeatureReader:
 
 
 def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
+    """``ctr serve``: one process, or ``serving.workers`` processes sharing the port."""
     if not cfg.registry.tracking_uri:
         raise ValueError(
             "ctr serve needs an MLflow server: set CTR_REGISTRY_TRACKING_URI "
@@ -120,6 +123,25 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
     path = cfg.serving.feature_path
     if path not in FEATURE_PATHS:  # here, not in the opener's retry loop
         raise ValueError(f"serving.feature_path = {path!r} must be one of {FEATURE_PATHS}")
+    listener = bind(host, port)
+    workers = cfg.serving.workers
+    log.info(
+        "serve: replica %s on http://%s:%d (features: %s, challenger share %.2f, %d worker(s))",
+        name,
+        host,
+        port,
+        path,
+        cfg.serving.challenger_share,
+        workers,
+    )
+    if workers <= 1:
+        serve_replica(cfg, name, listener, notify=True)
+    else:
+        serve_workers(workers, listener, functools.partial(serve_replica, cfg, name))
+
+
+def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool = False) -> None:
+    """One serving process on ``listener``: its models, alias watchers and feature reader."""
     if cfg.serving.torch_threads > 0:
         # 100 rows per request are too few to split across cores; parallel requests use them instead
         import torch
@@ -155,15 +177,7 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
     router = ABRouter(replica(cfg.registry.champion_alias), challenger, cfg.serving.challenger_share).start()
     stop = threading.Event()
     listen_for_swaps(cfg.daemon.redis_url, router, stop)
-    server = ReplicaServer(host, port, router, cfg.serving, features=features)
-    log.info(
-        "serve: replica %s on http://%s:%d (features: %s, challenger share %.2f)",
-        name,
-        host,
-        port,
-        cfg.serving.feature_path,
-        router.challenger_share,
-    )
+    server = ReplicaServer("", 0, router, cfg.serving, features=features, listener=listener, notify=notify)
     try:
         server.serve_until_signal()
     finally:

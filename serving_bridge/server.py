@@ -1,17 +1,18 @@
-"""`ctr serve`: one replica as an HTTP/JSON process (production profile).
+"""`ctr serve`: one replica host as an HTTP/JSON service on uvicorn (uvloop + httptools).
 
-- ``POST /score`` ``{"user_id": str, "context": {str: str}, "items": [str, ...]}`` ->
-  ``{"version", "arm", "replica", "probabilities"}``: one probability per candidate, the version
-  that made them and the A/B arm. The body is validated against the ``ScoreRequest`` schema of the
-  OpenAPI document (:mod:`serving_bridge.openapi`); bad input gets a 4xx and ``{"error": ...}``
-  (hostile requests too: :mod:`serving_bridge.http_handler`).
-- ``GET /openapi.json`` that document; ``GET /healthz`` 200 while the process runs;
-  ``GET /readyz`` 200 once a champion is loaded, else 503; ``GET /version``; ``GET /metrics``.
+The API is :class:`serving_bridge.app.ScoringApp` (Starlette; its models and OpenAPI document in
+:mod:`serving_bridge.openapi`); the transport contract (JSON errors from the parser, HTTP/1.0
+keep-alive, half-closed bodies, the accept queue answered on stop) in
+:mod:`serving_bridge.http_protocol`.
 
-Overload: at most ``serving.max_in_flight`` requests are scored at once; one more is answered
-``503`` with ``Retry-After`` at once instead of queueing without bound, so latency stays bounded
-and the server recovers as soon as the load drops. Optional bearer token on ``/score``
-(``CTR_SERVING_AUTH_TOKEN``); the probes, ``/metrics`` and ``/openapi.json`` stay open.
+:class:`ReplicaServer` is one process serving one listening socket. With ``serving.workers`` > 1,
+:func:`serve_workers` binds the port once and starts that many worker processes (spawned, not
+forked: torch and threads do not survive a fork) that all accept on it, so throughput grows with
+cores; each worker loads its own models and watches the aliases itself, and hot-swaps as one
+process does. The parent is systemd's main process: it says READY once the port is bound (a fresh
+deployment has no champion yet; ``GET /readyz`` answers 503 until one is loaded), feeds the
+watchdog while every worker lives, restarts a worker that dies, and on SIGTERM passes the signal
+on and waits: each worker stops accepting, answers its queue and its in-flight requests, and exits.
 
 The replica watches its aliases by polling MLflow and by a Redis pub/sub message the trainer
 publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first.
@@ -19,31 +20,28 @@ publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
-import select
+import multiprocessing
 import signal
+import socket
 import threading
-import time
-from http.server import ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any, Protocol
 
+import uvicorn
 from kafka.partitioner.default import murmur2
 
 from pipeline.core import logs, systemd
 from pipeline.core.config import ServingConfig
-from pipeline.core.metrics import Registry
-from serving_bridge.ab import ABRouter
+from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
-from serving_bridge.http_handler import ReplicaHandler
-from serving_bridge.openapi import openapi_spec, request_schema
-from serving_bridge.serving_metrics import collect_replica_metrics
+from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
 
-__all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "kafka_partition", "listen_for_swaps"]
+__all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "bind", "kafka_partition", "listen_for_swaps", "serve_workers"]
 
 log = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "ctr:champion-moved"
+BACKLOG = 1024  # listen backlog: a small one drops SYNs under a burst (1 s client retries)
 
 
 class _Notifiable(Protocol):
@@ -76,95 +74,155 @@ def listen_for_swaps(redis_url: str, replica: _Notifiable, stop: threading.Event
     return thread
 
 
-class ReplicaServer(ThreadingHTTPServer):
-    # Request threads are joined on close: in-flight requests finish before the process exits.
-    daemon_threads = False
-    block_on_close = True
-    request_queue_size = 256  # listen backlog: the default 5 drops SYNs under a burst (1 s retries)
-    body_timeout_s = 2.0  # a POST body not complete this long after its headers gets 408
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: any free one), bound here so that workers can share it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+class ReplicaServer:
+    """One process serving ``router`` on ``listener`` (or a new socket on ``host:port``).
+
+    ``notify``: this process is systemd's main process (READY, watchdog, status); a worker of
+    :func:`serve_workers` is not.
+    """
 
     def __init__(
         self,
         host: str,
         port: int,
-        router: ABRouter,
+        router: Any,
         cfg: ServingConfig | None = None,
         *,
         features: FallbackFeatures | None = None,
+        listener: socket.socket | None = None,
+        notify: bool = True,
     ) -> None:
-        super().__init__((host, port), ReplicaHandler)
-        self.router = router
-        self.cfg = cfg or ServingConfig()
-        self.features = features
-        self.spec = openapi_spec(self.cfg.max_candidates, auth=bool(self.cfg.auth_token))
-        self.spec_body = json.dumps(self.spec).encode()
-        self.schema = request_schema(self.spec)
-        self._token = (
-            f"Bearer {self.cfg.auth_token.get_secret_value()}".encode() if self.cfg.auth_token else b""
+        self.app = ScoringApp(router, cfg, features=features)
+        self.listener = listener if listener is not None else bind(host, port)
+        self.address = self.listener.getsockname()[:2]
+        self.notify = notify
+        self._status_version: str | None = None
+        self._told_ready = False
+        config = uvicorn.Config(
+            self.app,
+            http=JsonErrorsProtocol,
+            loop="uvloop",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            timeout_keep_alive=10,  # an idle keep-alive connection is closed after this
+            timeout_graceful_shutdown=25,  # under the unit's TimeoutStopSec=30
+            backlog=BACKLOG,
         )
-        self._admit = threading.Lock()
-        self.in_flight = 0  # POST /score requests being processed now
-        self._status_version: str | None = None  # the version last reported to systemd
-        self.metrics = Registry()
-        self.metrics.on_scrape(lambda: collect_replica_metrics(self))
+        self.server = DrainingServer(
+            config, self.listener, tick=self._tick, on_exit_signal=self._stopping if notify else None
+        )
+        self._thread: threading.Thread | None = None
 
     @property
-    def replica(self) -> Any:
-        """The champion replica (its version is "the" version of this process)."""
-        return self.router.champion
+    def port(self) -> int:
+        return int(self.address[1])
 
-    def authorized(self, header: str | None) -> bool:
-        return not self._token or hmac.compare_digest((header or "").encode(), self._token)
+    @staticmethod
+    def _stopping() -> None:
+        systemd.stopping("serve: stopping after in-flight requests")
 
-    def try_admit(self) -> bool:
-        """Take one of ``max_in_flight`` slots without waiting; False = overloaded."""
-        with self._admit:
-            if self.in_flight >= self.cfg.max_in_flight:
-                return False
-            self.in_flight += 1
-            return True
-
-    def release(self) -> None:
-        with self._admit:
-            self.in_flight -= 1
-
-    def serve_until_signal(self) -> None:
-        """Serve until SIGTERM/SIGINT; in-flight requests finish before the process exits."""
-
-        def stop(*_: Any) -> None:
-            systemd.stopping("serve: stopping after in-flight requests")
-            threading.Thread(target=self.shutdown, daemon=True).start()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        # Ready = the port is bound (it is, since __init__). Not "a model is loaded": on a fresh
-        # deployment no champion exists yet, and systemd would fail the start. Load balancers ask
-        # GET /readyz, which answers 503 until a model is loaded.
-        host, port = self.server_address[:2]
-        systemd.ready(f"serve: listening on {host!s}:{port}; version {self.replica.version}")
-        self._status_version = self.replica.version
-        self.serve_forever(poll_interval=0.2)
-        self.answer_backlog()
-        self.server_close()
-
-    def answer_backlog(self, max_s: float = 1.0) -> int:
-        """Answer the connections the kernel completed before the stop (closing the listener would
-        reset them, mid-request for their clients), for at most ``max_s``; returns how many."""
-        answered, deadline = 0, time.monotonic() + max_s
-        while time.monotonic() < deadline and select.select([self], [], [], 0)[0]:
-            try:
-                request, address = self.get_request()
-            except OSError:  # the client gave up meanwhile
-                break
-            self.process_request(request, address)  # a thread, as serve_forever does
-            answered += 1
-        return answered
-
-    def service_actions(self) -> None:
-        """Called by ``serve_forever`` on every poll: feed the watchdog, report a swap."""
-        systemd.watchdog()
-        version = self.replica.version
+    def _tick(self) -> None:
+        """Every 0.1 s on the event loop: READY once, the watchdog, a swap reported."""
+        version = self.app.replica.version
+        if self.notify:
+            if not self._told_ready:
+                self._told_ready = True
+                host, port = self.address
+                systemd.ready(f"serve: listening on {host}:{port}; version {version}")
+            systemd.watchdog()
         if version != self._status_version:
             self._status_version = version
             logs.set_context(version=version)
-            systemd.status(f"serve: serving version {version}")
+            if self.notify:
+                systemd.status(f"serve: serving version {version}")
+
+    def serve_until_signal(self) -> None:
+        """Serve until SIGTERM/SIGINT; queued and in-flight requests finish before it returns."""
+        try:
+            self.server.run(sockets=[self.listener])
+        finally:
+            self.app.close()
+
+    # -- in a thread (tests, benchmarks) -----------------------------------------------------------
+    def start(self, timeout_s: float = 30.0) -> ReplicaServer:
+        """Serve from a background thread; returns once the server accepts."""
+        self._thread = threading.Thread(target=self.serve_until_signal, name="uvicorn", daemon=True)
+        self._thread.start()
+        waited = threading.Event()
+        for _ in range(int(timeout_s / 0.01)):
+            if self.server.started:
+                return self
+            waited.wait(0.01)
+        raise RuntimeError(f"the replica did not start serving on {self.address} within {timeout_s} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """What SIGTERM does: stop accepting, answer the queue and the in-flight requests, exit."""
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def serve_workers(
+    workers: int,
+    listener: socket.socket,
+    worker: Callable[[socket.socket], None],
+    *,
+    what: str = "serve",
+) -> None:
+    """Run ``worker(listener)`` in ``workers`` spawned processes until SIGTERM (see the module doc).
+
+    ``worker`` must be picklable (a module-level function or a :func:`functools.partial` of one).
+    """
+    spawn = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+
+    def start() -> Any:
+        proc = spawn.Process(target=worker, args=(listener,), name=f"{what}-worker", daemon=False)
+        proc.start()
+        return proc
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        if not stop.is_set():
+            systemd.stopping(f"{what}: stopping {workers} workers after their in-flight requests")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    procs = [start() for _ in range(workers)]
+    host, port = listener.getsockname()[:2]
+    systemd.ready(f"{what}: listening on {host}:{port} with {workers} worker processes")
+    while not stop.wait(0.2):
+        for i, proc in enumerate(procs):
+            if not proc.is_alive() and not stop.is_set():
+                log.error(
+                    "%s: worker %d (pid %s) exited with %s; starting another",
+                    what,
+                    i,
+                    proc.pid,
+                    proc.exitcode,
+                )
+                procs[i] = start()
+        systemd.watchdog()  # every worker is alive (or was just restarted)
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            proc.terminate()  # SIGTERM: the worker drains (ReplicaServer.serve_until_signal)
+    for proc in procs:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    listener.close()

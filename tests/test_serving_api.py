@@ -20,6 +20,7 @@ from pipeline.core.config import ConfigError, ServingConfig
 from pipeline.core.config_loader import load_config
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter, arm_of
+from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer
@@ -71,7 +72,7 @@ class Client:
 
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, str], Any]:
+    ) -> tuple[int, Any, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         conn.request(method, path, body=data, headers=headers or {})
@@ -79,9 +80,10 @@ class Client:
         raw = resp.read()
         conn.close()
         ctype = resp.getheader("Content-Type", "")
-        return resp.status, dict(resp.getheaders()), json.loads(raw) if "json" in ctype else raw.decode()
+        # resp.headers: names are case-insensitive (uvicorn sends them in lower case)
+        return resp.status, resp.headers, json.loads(raw) if "json" in ctype else raw.decode()
 
-    def score(self, body: Any, **headers: str) -> tuple[int, dict[str, str], Any]:
+    def score(self, body: Any, **headers: str) -> tuple[int, Any, Any]:
         return self.request("POST", "/score", body, headers)
 
 
@@ -94,7 +96,22 @@ def serve(
     *,
     retry_s: float = 60.0,
     timeout_s: float | None = None,
-) -> Iterator[tuple[Client, ReplicaServer]]:
+) -> Iterator[tuple[Client, ScoringApp]]:
+    """A real server (uvicorn on a free port, in a thread): its transport is part of what is tested."""
+    with serve_replica(store, cfg, reader, challenger, retry_s=retry_s, timeout_s=timeout_s) as server:
+        yield Client(server.port), server.app
+
+
+@contextmanager
+def serve_replica(
+    store: DictStore,
+    cfg: ServingConfig,
+    reader: Any = None,
+    challenger: bool = False,
+    *,
+    retry_s: float = 60.0,
+    timeout_s: float | None = None,
+) -> Iterator[ReplicaServer]:
     features = FallbackFeatures(reader, retry_s=retry_s, timeout_s=timeout_s)
     pseudo = Pseudonymizer("test-key")
 
@@ -107,20 +124,17 @@ def serve(
     router.start()
     for r in router.replicas:
         r.check_once()
-    server = ReplicaServer("127.0.0.1", 0, router, cfg, features=features)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    server = ReplicaServer("127.0.0.1", 0, router, cfg, features=features, notify=False).start()
     try:
-        yield Client(server.server_address[1]), server
+        yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
         router.stop()
         features.close()
 
 
 @pytest.fixture
-def api() -> Iterator[tuple[Client, ReplicaServer]]:
+def api() -> Iterator[tuple[Client, ScoringApp]]:
     store = DictStore({"3": ConstantModel(0.25)}, {"champion": "3"})
     with serve(store, ServingConfig(max_candidates=5)) as api:
         yield api
@@ -154,9 +168,10 @@ def test_a_good_request_gets_one_probability_per_candidate_and_the_version(api) 
         ({**GOOD, "context": {"site": 1}}, "context.site: must be a string, got a number"),
         ({**GOOD, "context": ["site"]}, "context: must be an object, got an array"),
         ({**GOOD, "user_id": True}, "user_id: must be a string, got a boolean"),
-        ({**GOOD, "user_id": "\ud800"}, "user_id: not valid Unicode"),  # a lone surrogate
-        ({**GOOD, "items": ["a", "x\udfff"]}, "items[1]: not valid Unicode"),
-        ({**GOOD, "context": {"site\ud800": "s1"}}, "context key 'site\\ud800': not valid Unicode"),
+        # a lone surrogate escape: the JSON parser refuses it, before any field is read
+        ({**GOOD, "user_id": "\ud800"}, "body is not valid Unicode text"),
+        ({**GOOD, "items": ["a", "x\udfff"]}, "body is not valid Unicode text"),
+        ({**GOOD, "context": {"site\ud800": "s1"}}, "body is not valid Unicode text"),
         (b'{"user_id": "u", "items": ' + b"[" * 100_000, "nested too deeply"),  # under the size limit
     ],
 )
@@ -427,18 +442,24 @@ def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
         listener.close()
 
 
-def test_a_request_queued_when_the_replica_stops_is_answered_not_reset(api) -> None:
+def test_a_request_queued_when_the_replica_stops_is_answered_not_reset() -> None:
     """SIGTERM stops the accept loop; a connection the kernel already accepted (in the listen
     backlog) is answered before the listener closes, instead of being reset mid-request."""
-    client, server = api
-    server.shutdown()  # what SIGTERM does first: no more accept() ...
-    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=10)
-    conn.request("POST", "/score", body=json.dumps(GOOD).encode())  # ... but the kernel takes this
-    assert server.answer_backlog() == 1
-    server.server_close()
-    resp = conn.getresponse()
-    assert resp.status == 200 and json.loads(resp.read())["probabilities"] == [0.25] * 3
-    conn.close()
+    import asyncio
+
+    store = DictStore({"3": ConstantModel(0.25)}, {"champion": "3"})
+    with serve_replica(store, ServingConfig()) as server:
+        loop = server.server.servers[0].get_loop()
+        asyncio.run_coroutine_threadsafe(server.server.stop_accepting(), loop).result(
+            10
+        )  # SIGTERM's first step
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("POST", "/score", body=json.dumps(GOOD).encode())  # ... but the kernel takes this
+        server.stop()
+        assert server.server.backlog_answered == 1
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["probabilities"] == [0.25] * 3
+        conn.close()
 
 
 class RawConn:
