@@ -50,7 +50,7 @@ from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static")
-SYNTHETIC_IMPRESSIONS = (200_000, 50_000)  # full, --quick
+SYNTHETIC_IMPRESSIONS = (250_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
 REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
 
@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="50k-impression synthetic worlds, blocks of 10k")
     p.add_argument(
-        "--impressions", type=int, help="impressions per synthetic world (default 200k; quick 50k)"
+        "--impressions", type=int, help="impressions per synthetic world (default 250k; quick 50k)"
     )
     p.add_argument(
         "--train-every", type=int, help="block size of the synthetic worlds (default 50k; quick 10k)"
@@ -245,11 +245,15 @@ def run_world(
             for k, v in b.scores.items():
                 if names.get(k) in learners and (k != "static" or "static" in gives):
                     row["scores"][names[k]] = v
-    if "deepfm" in learners and default_model == "deepfm" and "default" in runs.get("deepfm", []):
-        for row in blocks.values():  # the default run is the deepfm run: not trained twice
-            row["scores"]["deepfm"] = row["scores"]["default"]
+    same = {}
+    for m in ("deepfm", "dcnv2"):
+        if m in learners and default_model == m and "default" in runs.get(m, []):
+            same[m] = "default"
+            for row in blocks.values():  # the default run is this model's run: not trained twice
+                row["scores"][m] = row["scores"]["default"]
     scored = score_world(list(blocks.values()), learners, resamples=args.resamples, seed=spec.seed)
     scored["checks"] = {n: checks(scored, n) for n in learners}
+    scored["same_as"] = same
     return {
         "spec": dataclasses.asdict(spec)
         | {"impressions": 0 if spec.real else impressions, "train_every": block},
@@ -265,6 +269,17 @@ def git_commit() -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
+
+
+def dirty_files() -> list[str]:
+    """Tracked files changed since the commit (a shared checkout: say what the run really ran)."""
+    try:
+        out = subprocess.run(
+            ["git", "diff", "--name-only", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line for line in out.splitlines() if line.endswith(".py")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(results, learners)
     meta = {
         "commit": git_commit(),
+        "uncommitted_changes": dirty_files(),
         "command": " ".join(["python benchmarks/quality.py", *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
         "default_model": base.trainer.model,
@@ -305,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "cpus": os.cpu_count(),
         "trainer": base.to_dict()["trainer"],
+        "ftrl": {k: v for k, v in base.to_dict()["backtest"].items() if k.startswith("ftrl_")},
+        "blocks": {
+            "synthetic": args.train_every or SYNTHETIC_BLOCK[args.quick],
+            "real": args.real_train_every,
+        },
+        "synthetic_impressions": args.impressions or SYNTHETIC_IMPRESSIONS[args.quick],
     }
     for r in results.values():  # arrays of per-block scores are not kept; metrics are
         r.pop("blocks", None)

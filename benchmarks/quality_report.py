@@ -114,6 +114,7 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
         for n in learners:
             if n not in w["learners"]:
                 continue
+            label = f"{n} (= {w['same_as'][n]})" if n in w.get("same_as", {}) else n
             b2 = w["learners"][n]["blocks2"]
             ci = f"[{_f(b2['auc_ci95'][0])}, {_f(b2['auc_ci95'][1])}]"
             m = w["margins"].get(f"{n}_vs_ftrl")
@@ -124,7 +125,7 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
                 f"{_yn(c['ne_blocks2_lt_1'])}, {_yn(c['ne_every_block_lt_1'])} ({len(c['ne_blocks_judged'])})"
             )
             lines.append(
-                f"| {name} | {n} | {_f(b2['auc'])} {ci} | {_f(b2['logloss'])} | {_f(b2['ne'], 3)} "
+                f"| {name} | {label} | {_f(b2['auc'])} {ci} | {_f(b2['logloss'])} | {_f(b2['ne'], 3)} "
                 f"| {_f(b2['calibration'], 3)} | {marg} | {auc_ok} | {ne} | {_yn(c['calibration_ok'])} "
                 f"| {_yn(c['pass'])} |"
             )
@@ -141,6 +142,8 @@ def plot_world(name: str, world: Mapping[str, Any], learners: Sequence[str], pat
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     for ax, m in zip(axes, ("auc", "ne", "calibration"), strict=True):
         for n in learners:
+            if n in world.get("same_as", {}):
+                continue  # drawn as the learner it is the same run as
             pts = [(b["block"], b[m]) for b in world["learners"][n]["per_block"] if math.isfinite(b[m])]
             if pts:
                 ax.plot(*zip(*pts, strict=True), "o-", ms=3, lw=1.2, label=n)

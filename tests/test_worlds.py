@@ -162,3 +162,11 @@ def test_shifts_category_trends_jump_at_a_shift() -> None:
     across = np.mean([abs(np.log(after[c] / before[c])) for c in before if c in after])
     within = np.mean([abs(np.log(before[c] / earlier[c])) for c in before if c in earlier])
     assert across > 2 * within
+
+
+def test_backtest_replays_a_world(tmp_path: Path) -> None:
+    args = ["backtest", "--format", "simulator", "--world", "shifts", "--impressions", "6000"]
+    assert main([*args, "--train-every", "2000", "--seed", "3", "--out", str(tmp_path / "bt")]) == 0
+    summary = json.loads((tmp_path / "bt" / "summary.json").read_text())
+    assert summary["world"] == "shifts" and summary["examples"] == 6_000 and summary["blocks"] == 3
+    assert main(["backtest", "--format", "jsonl", "--world", "shifts", "--source", str(tmp_path)]) == 2

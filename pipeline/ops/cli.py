@@ -100,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--attribution-window", type=float, help="seconds (default: config, 900)")
     b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
     b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
+    b.add_argument(
+        "--world",
+        choices=WORLDS,
+        default="simulator",
+        help="--format simulator: the world (see ctr simulate)",
+    )
     b.add_argument("--out", type=Path, default=Path("runs/backtest"))
     b.add_argument(
         "--examples-out", type=Path, help="also write every labelled example, in training order, as JSONL"

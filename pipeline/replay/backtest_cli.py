@@ -41,19 +41,29 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
     if args.attribution_window is not None:
         cfg.joiner.attribution_window_s = args.attribution_window
     sim = args.format == "simulator"
+    if args.world != "simulator" and not sim:
+        print(f"ctr: --world is for --format simulator, not {args.format}", file=sys.stderr)
+        return 2
     try:
         apply_input_options(cfg, args)
         source = open_source(
-            cfg, args.format, args.source, seed=args.seed, impressions=args.impressions, clicks=args.clicks
+            cfg,
+            args.format,
+            args.source,
+            seed=args.seed,
+            impressions=args.impressions,
+            clicks=args.clicks,
+            world=args.world,
         )
     except (FileNotFoundError, ValueError) as exc:
         print(f"ctr: {exc}", file=sys.stderr)
         return 2
-    what = f"{args.impressions:,} simulated impressions" if sim else str(args.source)
+    world = "" if args.world == "simulator" else f" of world {args.world}"
+    what = f"{args.impressions:,} simulated impressions{world}" if sim else str(args.source)
     title = f"{what} ({args.format}), {cfg.trainer.model}, a block every {cfg.trainer.train_every:,} examples"
-    extra = {"format": args.format, "source": "" if sim else str(args.source)}
+    extra: dict[str, Any] = {"format": args.format, "source": "" if sim else str(args.source)}
     if sim:
-        extra["impressions"] = args.impressions
+        extra |= {"impressions": args.impressions, "world": args.world}
     if args.clicks is not None:
         extra["clicks"] = str(args.clicks)
     result = run_backtest(

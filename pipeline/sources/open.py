@@ -15,8 +15,8 @@ from pipeline.sources.avazu import AvazuCsvSource
 from pipeline.sources.jsonl_mapping import JsonlMapping
 from pipeline.sources.parquet import ParquetSource
 from pipeline.sources.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
-from pipeline.sources.simulator import Simulator
 from pipeline.sources.streams import JsonlSource, MergedJsonlSource, SimulatorSource
+from pipeline.sources.worlds import open_world
 
 __all__ = ["FORMATS", "open_jsonl", "open_source"]
 
@@ -54,14 +54,22 @@ def open_jsonl(cfg: Config, path: Path, clicks: Path | None = None) -> Source:
 
 
 def open_source(
-    cfg: Config, fmt: str, path: Path | None, *, seed: int, impressions: int, clicks: Path | None = None
+    cfg: Config,
+    fmt: str,
+    path: Path | None,
+    *,
+    seed: int,
+    impressions: int,
+    clicks: Path | None = None,
+    world: str = "simulator",
 ) -> Source:
-    """The source for ``--format``: a file or folder, or the simulator (``impressions``, ``seed``);
-    ``clicks``: a JSONL file or folder of clicks to merge with ``path``'s impressions."""
+    """The source for ``--format``: a file or folder, or the simulator (``impressions``, ``seed``;
+    ``world``: another of :mod:`pipeline.sources.worlds`); ``clicks``: a JSONL file or folder of
+    clicks to merge with ``path``'s impressions."""
     if fmt != "jsonl" and clicks is not None:
         raise ValueError(f"backtest: --clicks is for --format jsonl, not {fmt}")
     if fmt == "simulator":
-        return SimulatorSource(Simulator(cfg.simulator, seed), impressions)
+        return SimulatorSource(open_world(world, seed, cfg.simulator), impressions)
     if fmt not in FORMATS:
         raise ValueError(f"backtest: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     if path is None or not path.exists():
