@@ -16,7 +16,7 @@ help:  ## list the targets
 demo:  ## run the whole online-learning loop in one process (embedded profile), about 5 minutes
 	@venv=$(VENV); $$venv/bin/ctr demo --out runs/demo
 
-test: services-up browser  ## install everything, start Kafka/Redis/MLflow, run the whole test suite
+test: services-up browser promtool  ## install everything, start Kafka/Redis/MLflow, run the whole test suite
 	@venv=$(VENV); $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 faults: services-up  ## fault injection and hostile input against the real services; prints the fault report
@@ -47,7 +47,10 @@ bench: services-up  ## run every benchmark in benchmarks/ (train, ingest, freshn
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: services-up services-down services-status services-env browser
+.PHONY: services-up services-down services-status services-env browser promtool
+
+promtool:  ## promtool from Debian's prometheus package, for the /metrics lint test (installed when missing)
+	@./deploy/promtool.sh
 
 browser:  ## headless Chromium + chromedriver from Debian for the MLflow UI test (installed when missing)
 	@./deploy/browser.sh

@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -37,7 +39,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from pipeline.core.config import ServingConfig
-from pipeline.core.metrics import CONTENT_TYPE, Registry
+from pipeline.core.metrics import CONTENT_TYPE, LATENCY_BUCKETS_S, Registry, multiprocess_dir
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.openapi import ScoreResponse, error_message, openapi_spec, score_request_model
 from serving_bridge.serving_metrics import collect_replica_metrics
@@ -81,6 +83,21 @@ class ScoringApp:
         self.pool = ThreadPoolExecutor(self.cfg.max_in_flight, thread_name_prefix="score")
         self.metrics = Registry()
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))
+        # counted as requests happen, by prometheus-client itself: with serving.workers > 1
+        # (PROMETHEUS_MULTIPROC_DIR set by the parent) these add up across the worker processes
+        prom = None if multiprocess_dir() else self.metrics.prometheus
+        self.latency = Histogram(
+            "ctr_serving_request_seconds", "POST /score latency", buckets=LATENCY_BUCKETS_S, registry=prom
+        )
+        self.requests = Counter("ctr_serving_requests", "POST requests", ["code"], registry=prom)
+        self.scored = Counter(
+            "ctr_serving_scored", "scored requests by arm and version", ["arm", "version"], registry=prom
+        )
+        self.exposition = self.metrics.prometheus
+        if prom is None:
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition)
+            self.exposition.register(self.metrics)  # this worker's state: version, in flight, ...
         routes = [
             Route("/score", self.score, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -136,7 +153,7 @@ class ScoringApp:
         return response
 
     def _count(self, status: int) -> None:
-        self.metrics.counter("ctr_serving_requests_total", "POST requests", code=str(status)).inc()
+        self.requests.labels(code=str(status)).inc()
 
     # -- GET ---------------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
@@ -156,7 +173,7 @@ class ScoringApp:
         return Response(self.spec_body, 200, media_type=_JSON)
 
     async def prometheus(self, request: Request) -> Response:
-        return Response(self.metrics.render().encode(), 200, media_type=CONTENT_TYPE)
+        return Response(generate_latest(self.exposition), 200, media_type=CONTENT_TYPE)
 
     # -- POST /score -------------------------------------------------------------------------------
     async def score(self, request: Request) -> Response:
@@ -164,9 +181,7 @@ class ScoringApp:
         try:
             response = await self._score(request)
         finally:
-            self.metrics.histogram("ctr_serving_request_seconds", "POST /score latency").observe(
-                time.perf_counter() - started
-            )
+            self.latency.observe(time.perf_counter() - started)
         self._count(response.status_code)
         return response
 
@@ -236,9 +251,7 @@ class ScoringApp:
         except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
             log.exception("serve: scoring failed for a valid request")
             return _error(500, "internal error while scoring; see the replica's log")
-        self.metrics.counter(
-            "ctr_serving_scored_total", "scored requests by arm and version", arm=arm, version=result.version
-        ).inc()
+        self.scored.labels(arm=arm, version=result.version).inc()
         answer = ScoreResponse(
             version=result.version, arm=arm, replica=result.replica, probabilities=result.probabilities
         )

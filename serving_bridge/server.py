@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -189,6 +192,10 @@ def serve_workers(
     """
     spawn = multiprocessing.get_context("spawn")
     stop = threading.Event()
+    # prometheus-client's multiprocess mode: the workers' counters and histograms add up in files
+    # here, and any worker's /metrics reads them all (a fresh folder per start: no stale counts)
+    metrics_dir = tempfile.mkdtemp(prefix=f"ctr-{what}-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
 
     def start() -> Any:
         proc = spawn.Process(target=worker, args=(listener,), name=f"{what}-worker", daemon=False)
@@ -226,3 +233,4 @@ def serve_workers(
             proc.kill()
             proc.join()
     listener.close()
+    shutil.rmtree(metrics_dir, ignore_errors=True)

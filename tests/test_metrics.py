@@ -16,10 +16,10 @@ def test_histogram_buckets_are_cumulative_and_labels_escaped() -> None:
     for v in (0.005, 0.05, 0.05, 3.0):
         h.observe(v)
     text = reg.render()
-    assert 'lat_seconds_bucket{route="/a\\"b",le="0.01"} 1' in text
-    assert 'lat_seconds_bucket{route="/a\\"b",le="0.1"} 3' in text
-    assert 'lat_seconds_bucket{route="/a\\"b",le="+Inf"} 4' in text
-    assert 'lat_seconds_count{route="/a\\"b"} 4' in text
+    assert 'lat_seconds_bucket{le="0.01",route="/a\\"b"} 1.0' in text
+    assert 'lat_seconds_bucket{le="0.1",route="/a\\"b"} 3.0' in text
+    assert 'lat_seconds_bucket{le="+Inf",route="/a\\"b"} 4.0' in text
+    assert 'lat_seconds_count{route="/a\\"b"} 4.0' in text
     assert "# TYPE lat_seconds histogram" in text
 
 

@@ -1,7 +1,17 @@
-"""Prometheus text-format metrics without a client library: counters, gauges, histograms.
+"""Prometheus metrics on prometheus-client: one :class:`Registry` per daemon, rendered at ``/metrics``.
 
-Each daemon owns one :class:`Registry`; the serving replica renders it at ``GET /metrics`` on its
-own port, the joiner and the trainer on a small HTTP port of their own (:func:`serve_metrics`,
+Two kinds of series, both exposed by prometheus-client's own text exposition:
+
+- **histograms** are prometheus-client :class:`~prometheus_client.Histogram` objects, observed as
+  things happen; a histogram without labels exists (all buckets zero) from the moment it is
+  declared, so a daemon declares its histograms when it starts;
+- **counters and gauges read from the daemon's state** (events read, the version served, the lag a
+  checkpoint measured) are :class:`Value` cells that the daemon sets or increments, and that the
+  registry's custom collector (:meth:`Registry.collect`) turns into metric families at each scrape,
+  after running the ``on_scrape`` callbacks that refresh them.
+
+The serving replica renders its registry at ``GET /metrics`` on its own port, the joiner and the
+trainer on a small HTTP port of their own (:func:`serve_metrics`, prometheus-client's server;
 ``daemon.joiner_metrics_port`` / ``daemon.trainer_metrics_port``; 0 turns it off).
 
 >>> reg = Registry()
@@ -14,41 +24,47 @@ ctr_events_total{kind="click"} 2.0
 
 from __future__ import annotations
 
-import bisect
 import logging
-import math
+import os
 import threading
-from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = [
     "CONTENT_TYPE",
-    "Histogram",
+    "LATENCY_BUCKETS_S",
     "Registry",
     "Value",
     "export_consumer_state",
+    "multiprocess_dir",
     "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 Labels = tuple[tuple[str, str], ...]
+disable_created_metrics()  # no *_created series: nothing here reads them, and they double the text
 
 
-def _fmt_labels(labels: Labels, extra: str = "") -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-    parts = [f'{k}="{esc(v)}"' for k, v in labels]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+def multiprocess_dir() -> str:
+    """prometheus-client's multiprocess folder (``PROMETHEUS_MULTIPROC_DIR``), or "" when off."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 
 
 class Value:
-    """One counter or gauge series; ``inc``/``set`` are atomic under the GIL-free lock."""
+    """One counter or gauge series, read at scrape time; ``inc`` and ``set`` are thread-safe."""
 
     def __init__(self) -> None:
         self.value = 0.0
@@ -62,51 +78,46 @@ class Value:
         self.value = float(value)
 
 
-class Histogram:
-    """Cumulative-bucket histogram (seconds by default), as Prometheus expects it."""
-
-    def __init__(self, buckets: Iterable[float] = LATENCY_BUCKETS_S) -> None:
-        self.bounds = sorted(buckets)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        with self._lock:
-            self.counts[bisect.bisect_left(self.bounds, value)] += 1
-            self.sum += value
-
-
-class Registry:
-    """Named metric families with labelled series, plus callbacks that fill gauges at scrape time."""
+class Registry(Collector):
+    """A prometheus-client registry holding histograms and this collector of :class:`Value` series."""
 
     def __init__(self) -> None:
-        self._families: dict[str, tuple[str, str, dict[Labels, Any]]] = {}
+        self.prometheus = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, tuple[str, str, dict[Labels, Value]]] = {}
+        self._histograms: dict[str, tuple[Histogram, tuple[str, ...]]] = {}
         self._collectors: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self.prometheus.register(self)
 
-    def _series(
-        self, kind: str, name: str, help: str, labels: dict[str, str], make: Callable[[], Any]
-    ) -> Any:
+    def _series(self, kind: str, name: str, help: str, labels: dict[str, str]) -> Value:
         with self._lock:
             fam = self._families.setdefault(name, (kind, help, {}))
             if fam[0] != kind:
                 raise ValueError(f"metrics: {name} is a {fam[0]}, not a {kind}")
             key = tuple(sorted((k, str(v)) for k, v in labels.items()))
             if key not in fam[2]:
-                fam[2][key] = make()
+                fam[2][key] = Value()
             return fam[2][key]
 
     def counter(self, name: str, help: str, **labels: str) -> Value:
-        return self._series("counter", name, help, labels, Value)
+        return self._series("counter", name, help, labels)
 
     def gauge(self, name: str, help: str, **labels: str) -> Value:
-        return self._series("gauge", name, help, labels, Value)
+        return self._series("gauge", name, help, labels)
 
     def histogram(
         self, name: str, help: str, buckets: Iterable[float] = LATENCY_BUCKETS_S, **labels: str
-    ) -> Histogram:
-        return self._series("histogram", name, help, labels, lambda: Histogram(buckets))
+    ) -> Any:
+        """The prometheus-client histogram ``name`` (declared on first use), or its labelled child."""
+        with self._lock:
+            if name not in self._histograms:
+                names = tuple(sorted(labels))
+                hist = Histogram(name, help, names, buckets=tuple(buckets), registry=self.prometheus)
+                self._histograms[name] = (hist, names)
+            hist, names = self._histograms[name]
+        if tuple(sorted(labels)) != names:
+            raise ValueError(f"metrics: {name} has labels {list(names)}, not {sorted(labels)}")
+        return hist.labels(**labels) if names else hist
 
     def clear(self, name: str) -> None:
         """Drop a family's series (a gauge whose label set changes, e.g. the partitions owned)."""
@@ -115,32 +126,32 @@ class Registry:
                 self._families[name][2].clear()
 
     def on_scrape(self, collect: Callable[[], None]) -> None:
-        """``collect`` runs before each render (it sets gauges read from the daemon's state)."""
+        """``collect`` runs before each scrape (it sets values read from the daemon's state)."""
         self._collectors.append(collect)
 
-    def render(self) -> str:
-        for collect in self._collectors:
+    def describe(self) -> list[Metric]:
+        return []  # families change between scrapes: describe nothing, collect at each scrape
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus-client's custom-collector hook: the :class:`Value` families, refreshed now."""
+        for refresh in self._collectors:
             try:
-                collect()
+                refresh()
             except Exception:  # a failed collector (broker away) must not fail the whole scrape
                 log.debug("metrics: collector failed", exc_info=True)
-        out: list[str] = []
         with self._lock:
-            families = {n: (k, h, dict(s)) for n, (k, h, s) in sorted(self._families.items())}
-        for name, (kind, help, series) in families.items():
-            out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
-            for labels, s in sorted(series.items()):
-                if isinstance(s, Histogram):
-                    acc = 0
-                    for bound, n in zip([*s.bounds, math.inf], s.counts, strict=True):
-                        acc += n
-                        le = 'le="+Inf"' if math.isinf(bound) else f'le="{bound!r}"'
-                        out.append(f"{name}_bucket{_fmt_labels(labels, le)} {acc}")
-                    out.append(f"{name}_sum{_fmt_labels(labels)} {s.sum}")
-                    out.append(f"{name}_count{_fmt_labels(labels)} {acc}")
-                else:
-                    out.append(f"{name}{_fmt_labels(labels)} {s.value}")
-        return "\n".join(out) + "\n"
+            families = [(n, k, h, dict(s)) for n, (k, h, s) in sorted(self._families.items())]
+        for name, kind, help, series in families:
+            label_names = sorted({k for labels in series for k, _ in labels})
+            make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = make(name, help, labels=label_names)
+            for labels, cell in sorted(series.items()):
+                values = dict(labels)
+                family.add_metric([values.get(k, "") for k in label_names], cell.value)
+            yield family
+
+    def render(self) -> str:
+        return generate_latest(self.prometheus).decode()
 
 
 def export_consumer_state(
@@ -159,25 +170,8 @@ def export_consumer_state(
         ).set(n)
 
 
-def serve_metrics(registry: Registry, host: str, port: int) -> ThreadingHTTPServer:
-    """``GET /metrics`` on ``host:port`` from a daemon thread; returns the server (port 0: any)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "try /metrics")
-                return
-            body = registry.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes every few seconds would drown the daemon's own log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+def serve_metrics(registry: Registry, host: str, port: int) -> Any:
+    """``GET /metrics`` on ``host:port`` (prometheus-client's server, a daemon thread); returns the
+    server (``server_address``, ``shutdown()``); port 0: any free one."""
+    server, _thread = start_http_server(port, host, registry=registry.prometheus)
     return server

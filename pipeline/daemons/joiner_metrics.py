@@ -12,7 +12,9 @@ from typing import Any
 from pipeline.core.metrics import Registry, export_consumer_state
 from pipeline.join.stats import click_outcomes
 
-__all__ = ["JoinerMetrics"]
+__all__ = ["CHECKPOINT_BUCKETS_S", "JoinerMetrics"]
+
+CHECKPOINT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30)
 
 
 class JoinerMetrics:
@@ -22,6 +24,11 @@ class JoinerMetrics:
         self.daemon = daemon
         self.registry = Registry()
         self.registry.on_scrape(self.collect)
+        self.registry.histogram(  # declared now: it exists (all zeros) before the first checkpoint
+            "ctr_joiner_checkpoint_seconds",
+            "flush + feature push + checkpoint + commit",
+            CHECKPOINT_BUCKETS_S,
+        )
         self.lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
         self.rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
         self.rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint

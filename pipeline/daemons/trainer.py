@@ -38,6 +38,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import LabelledExample
 from pipeline.core.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.daemons.trainer_metrics import declare as declare_metrics
 from pipeline.daemons.trainer_metrics import record_block
 from pipeline.join.example_merge import ExampleMerge
 from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
@@ -90,7 +91,7 @@ class TrainerDaemon:
         self._offered: dict[str, int] = {}  # per partition, offsets below this are in the merge already
         self._arrived: dict[int, float] = {}  # per partition, when an example last arrived
         self.dead = KafkaSink(k, k.dead_letter_topic)
-        self.metrics = Registry()
+        self.metrics = declare_metrics(Registry())
         self.metrics.on_scrape(self._collect_metrics)
         self._metric_lag: dict[str, int] = {}  # per partition, measured after each block
         self.dead_reasons: Counter[str] = Counter()

@@ -6,7 +6,15 @@ from typing import Any
 
 from pipeline.core.metrics import Registry
 
-__all__ = ["record_block"]
+__all__ = ["declare", "record_block"]
+
+TRAIN_BUCKETS_S = (1, 2, 5, 10, 30, 60, 120, 300)
+
+
+def declare(m: Registry) -> Registry:
+    """The trainer's histograms, declared when it starts (all buckets zero before the first block)."""
+    m.histogram("ctr_trainer_block_train_seconds", "fine-tuning time of one block", TRAIN_BUCKETS_S)
+    return m
 
 
 def record_block(m: Registry, report: Any) -> None:
@@ -19,7 +27,7 @@ def record_block(m: Registry, report: Any) -> None:
     m.histogram(
         "ctr_trainer_block_train_seconds",
         "fine-tuning time of one block",
-        (1, 2, 5, 10, 30, 60, 120, 300),
+        TRAIN_BUCKETS_S,
     ).observe(report.train_seconds)
     m.gauge("ctr_trainer_examples_per_second", "training throughput of the last block").set(
         report.examples_per_s

@@ -29,27 +29,30 @@ from pipeline.core.config import Config
 __all__ = ["collect", "parse_prometheus"]
 
 _TIMEOUT_S = 2.0
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """``(name, labels, value)`` for every sample of a Prometheus text exposition.
+    """``(name, labels, value)`` for every sample of a Prometheus text exposition, read by
+    prometheus-client's parser; a line it refuses is skipped (one bad line must not hide the rest).
 
     >>> parse_prometheus('# HELP x y\\nctr_lag{topic="a",partition="0"} 3.0\\nup 1')
     [('ctr_lag', {'topic': 'a', 'partition': '0'}, 3.0), ('up', {}, 1.0)]
     """
-    out = []
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m is None or line.startswith("#"):
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def readable(line: str) -> bool:
         try:
-            out.append((m.group(1), labels, float(m.group(3))))
+            list(text_string_to_metric_families(line + "\n"))
         except ValueError:
-            continue
-    return out
+            return False
+        return True
+
+    good = "".join(line + "\n" for line in text.splitlines() if readable(line))
+    return [
+        (s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(good)
+        for s in family.samples
+    ]
 
 
 def _http_json(url: str) -> Any:
