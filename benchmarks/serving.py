@@ -1,5 +1,12 @@
 """Serving latency: 1 user x 100 candidates, features from Redis, at a fixed offered load (open loop).
 
+Besides the phases below: the **floor** (one request's work in this process, one thread: JSON in,
+the direct Redis read, the forward, JSON out; ``floor_ms`` is its p50) and a **grid** of offered
+loads (``--grid-rates``, 100/300/1000 req/s) x client connections (``--grid-connections``, 1/8/32),
+steady and while the alias flips, ``--grid-seconds`` each: ``max_qps`` (the most achieved with no
+error), ``p99_ms_by_connections`` (connections -> offered load -> p99, steady), against the target
+``max_qps_target`` = 0.6 x cores / floor.
+
 One run measures, against the real services (Redis, the MLflow server):
 
 - ``features``: the feature read alone, in process, 1 user + 100 items: the direct Redis reader
@@ -65,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--mlflow-uri", default=os.environ.get("CTR_REGISTRY_TRACKING_URI", "http://127.0.0.1:15000")
     )
+    p.add_argument("--grid-seconds", type=float, default=4.0, help="seconds per phase of the load grid")
+    p.add_argument("--grid-rates", default="100,300,1000", help="offered loads of the grid (req/s)")
+    p.add_argument("--grid-connections", default="1,8,32", help="client connections of the grid")
+    p.add_argument("--workers", type=int, default=0, help="serving.workers of the replica (0: its default)")
+    p.add_argument("--floor-requests", type=int, default=500, help="in-process requests timed for the floor")
     p.add_argument("--py-spy", default="", help="path of a py-spy binary: one more redis phase, profiled")
     p.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     return p.parse_args(argv)
@@ -186,6 +198,46 @@ def swaps_of(port: int) -> float:
     )
 
 
+def floor(
+    args: argparse.Namespace, store: Any, model_name: str, version: str, bodies: list[bytes]
+) -> dict[str, float]:
+    """The per-request floor in this process, one thread: JSON in, the direct Redis read, the
+    forward on one torch thread, JSON out; no HTTP, no queueing (what the server adds is the rest)."""
+    import torch
+
+    from features.redis_reader import RedisFeatureReader
+    from pipeline.core.config import Config, RegistryConfig
+    from pipeline.core.events import Impression
+    from pipeline.core.partitioning import item_shard_key
+    from pipeline.core.pseudonyms import Pseudonymizer
+    from serving_bridge.server import kafka_partition
+    from trainers.registry import MlflowModelStore
+
+    torch.set_num_threads(1)
+    cfg = Config()
+    learner = MlflowModelStore(RegistryConfig(model_name=model_name), args.mlflow_uri).load(version)
+    reader = RedisFeatureReader.for_store(store)
+    pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
+    times = []
+    for i in range(args.floor_requests):
+        t = time.perf_counter()
+        req = json.loads(bodies[i % len(bodies)])
+        user, shard = pseudo(req["user_id"]), kafka_partition(req["user_id"], cfg.kafka.partitions)
+        feats = reader.get(user, [item_shard_key(item, shard) for item in req["items"]])
+        rows = [Impression("request", 0, user, item, req["context"], {}) for item in req["items"]]
+        probs = learner.predict_rows(rows, feats)
+        json.dumps(
+            {
+                "version": version,
+                "arm": "champion",
+                "replica": "r",
+                "probabilities": [float(p) for p in probs],
+            }
+        )
+        times.append((time.perf_counter() - t) * 1000.0)
+    return percentiles(times)
+
+
 def feature_reads(
     store: Any, users: list[str], items: list[str], n: int, k: int
 ) -> dict[str, dict[str, float]]:
@@ -203,6 +255,43 @@ def feature_reads(
             reader.get(user, cands)
             times[name].append((time.perf_counter() - t) * 1000.0)
     return {name: percentiles(ms) for name, ms in times.items()}
+
+
+def load_grid(
+    args: argparse.Namespace, port: int, bodies: list[bytes], model_name: str, versions: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Every offered load x connection count of the grid, steady and while the alias flips."""
+    grid: dict[str, dict[str, Any]] = {}
+    rates = [float(r) for r in args.grid_rates.split(",")]
+    connections = [int(c) for c in args.grid_connections.split(",")]
+    for swapping in (False, True):
+        for rate in rates:
+            for conns in connections:
+                stop, flips = threading.Event(), list[float]()
+                flipper = None
+                if swapping:
+                    flipper = threading.Thread(
+                        target=flip_alias, args=(args, model_name, versions, stop, flips)
+                    )
+                    flipper.start()
+                lat, errors, qps, _ = open_loop(port, bodies, rate, args.grid_seconds, conns)
+                stop.set()
+                if flipper is not None:
+                    flipper.join()
+                name = f"{rate:g}/s x{conns}" + (" swaps" if swapping else "")
+                grid[name] = {
+                    **percentiles(lat),
+                    "offered_qps": rate,
+                    "connections": conns,
+                    "swapping": swapping,
+                    "qps": round(qps, 1),
+                    "errors": errors,
+                }
+                print(
+                    f"  grid {name}: p99 {grid[name]['p99_ms']:.2f} ms, {qps:.0f} req/s, {errors} errors",
+                    flush=True,
+                )
+    return grid
 
 
 # ------------------------------------------------------------------------------------- main
@@ -243,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                 ).encode()
                 for _ in range(500)
             ]
+            floor_ms = floor(args, store, model_name, versions[0], bodies)
+            if args.workers:
+                env["CTR_SERVING_WORKERS"] = str(args.workers)
+            grid: dict[str, dict[str, Any]] = {}
             phases: dict[str, dict[str, Any]] = {}
             profile: dict[str, list[tuple[str, float]]] = {}
             for path in ("redis", "feast"):
@@ -280,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         "versions_served": served,
                         "swaps": swaps_of(port) - swaps_before,
                     }
+                if path == "redis":
+                    grid = load_grid(args, port, bodies, model_name, versions)
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
         finally:
@@ -311,6 +406,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npy-spy, redis phase (extra, profiled): top {kind} (share of samples)")
         for frame, share in rows:
             print(f"  {share:6.1%}  {frame}")
+    print(f"\nfloor (in process: JSON + Redis read + forward + JSON): p50 {floor_ms['p50_ms']:.2f} ms")
+    print(f"{'grid':<22}{'p50 ms':>9}{'p99 ms':>9}{'qps':>8}{'errors':>8}")
+    for name, ph in grid.items():
+        print(f"{name:<22}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['qps']:>8.1f}{ph['errors']:>8}")
+    cpus = os.cpu_count() or 1
+    max_qps = max((ph["qps"] for ph in grid.values() if ph["errors"] == 0), default=0.0)
+    by_connections: dict[str, dict[str, float]] = {}
+    for ph in grid.values():
+        if not ph["swapping"]:
+            by_connections.setdefault(str(ph["connections"]), {})[str(int(ph["offered_qps"]))] = ph["p99_ms"]
+    target_qps = 0.6 * cpus / (floor_ms["p50_ms"] / 1000.0)
+    print(f"max throughput {max_qps:.0f} req/s; target 0.6 x {cpus} cores / floor = {target_qps:.0f} req/s")
     result = {
         "p50_ms": steady["p50_ms"],
         "p99_ms": steady["p99_ms"],
@@ -326,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         "feature_read_direct": feats["direct"],
         "feature_read_feast_sdk": feats["feast_sdk"],
         "feature_read_sdk_over_direct_p50": round(ratio, 2),
+        "floor_ms": floor_ms["p50_ms"],
+        "floor": floor_ms,
+        "max_qps": max_qps,
+        "max_qps_target": round(target_qps, 1),
+        "p99_ms_by_connections": by_connections,
+        "errors_in_grid": sum(ph["errors"] for ph in grid.values()),
+        "grid": grid,
         "phases": phases,
         "profile": {k: [[f, round(v, 4)] for f, v in rows] for k, rows in profile.items()},
         "meta": {
@@ -333,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_phase": args.seconds,
             "candidates": args.candidates,
             "client_threads": args.threads,
+            "serving_workers": args.workers or "default",
             "model": f"deepfm, {args.buckets} hashed rows, default dims",
             "cpus": os.cpu_count(),
             "loadavg_at_end": os.getloadavg(),
