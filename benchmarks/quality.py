@@ -50,7 +50,7 @@ from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static")
-SYNTHETIC_IMPRESSIONS = (250_000, 50_000)  # full, --quick
+SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
 REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
 
@@ -64,6 +64,7 @@ class WorldSpec:
     what: str
     simulator: dict[str, Any] = dataclasses.field(default_factory=dict)  # SimulatorConfig overrides
     path: str = ""  # under --datasets, for the real samples
+    block: int = 0  # examples per block of a real sample; 0 = REAL_BLOCK
 
     @property
     def real(self) -> bool:
@@ -94,9 +95,11 @@ WORLDS: dict[str, WorldSpec] = {
     "lifecycle": WorldSpec(
         "lifecycle", 1, "ad life cycles, cold start, position bias, seasonality, 0.5% CTR"
     ),
+    "lifecycle-2": WorldSpec("lifecycle", 2, "the lifecycle world, another seed"),
     "shifts": WorldSpec(
         "shifts", 2, "abrupt shifts, new-user bursts, ~20% of clicks past the window, ~3% CTR"
     ),
+    "shifts-2": WorldSpec("shifts", 3, "the shifts world, another seed"),
     "avazu": WorldSpec(
         "avazu",
         7,
@@ -104,6 +107,13 @@ WORLDS: dict[str, WorldSpec] = {
         path="avazu_first_hour/avazu_train_first_9999.csv",
     ),
 }
+WORLDS["obd-all"] = WorldSpec(
+    "obd",
+    7,
+    "Open Bandit, the four logs merged on time (40k rows, 207 clicks)",
+    path="open_bandit_obd",
+    block=5_000,
+)
 for _policy in ("random", "bts"):
     for _campaign in ("men", "women"):
         WORLDS[f"obd-{_policy}-{_campaign}"] = WorldSpec(
@@ -122,12 +132,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="50k-impression synthetic worlds, blocks of 10k")
     p.add_argument(
-        "--impressions", type=int, help="impressions per synthetic world (default 250k; quick 50k)"
+        "--impressions", type=int, help="impressions per synthetic world (default 300k; quick 50k)"
     )
     p.add_argument(
         "--train-every", type=int, help="block size of the synthetic worlds (default 50k; quick 10k)"
     )
-    p.add_argument("--real-train-every", type=int, default=REAL_BLOCK, help="block size of the real samples")
+    p.add_argument(
+        "--real-train-every",
+        type=int,
+        help=f"block size of the real samples (default {REAL_BLOCK:,}; obd-all 5,000)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -209,7 +223,10 @@ def run_world(
         if m in learners:
             runs.setdefault(m, []).append(m)
     impressions = args.impressions or SYNTHETIC_IMPRESSIONS[args.quick]
-    block = args.real_train_every if spec.real else (args.train_every or SYNTHETIC_BLOCK[args.quick])
+    if spec.real:
+        block = args.real_train_every or spec.block or REAL_BLOCK
+    else:
+        block = args.train_every or SYNTHETIC_BLOCK[args.quick]
     blocks: dict[int, dict[str, Any]] = {}
     timing: dict[str, Any] = {}
     for model, gives in runs.items():
@@ -324,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "ftrl": {k: v for k, v in base.to_dict()["backtest"].items() if k.startswith("ftrl_")},
         "blocks": {
             "synthetic": args.train_every or SYNTHETIC_BLOCK[args.quick],
-            "real": args.real_train_every,
+            "real": args.real_train_every or f"{REAL_BLOCK} (obd-all 5000)",
         },
         "synthetic_impressions": args.impressions or SYNTHETIC_IMPRESSIONS[args.quick],
     }
