@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from quality_report import checks, markdown, plot_world, score_world
 
 from pipeline.core.config import Config
@@ -49,7 +51,7 @@ from pipeline.sources.streams import SimulatorSource
 from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
-LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static")
+LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static", "oracle")
 SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
 REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
@@ -207,6 +209,31 @@ def open_world_source(cfg: Config, spec: WorldSpec, impressions: int, datasets: 
     return SimulatorSource(open_world(spec.kind, spec.seed, sim), impressions)
 
 
+def oracle_scores(
+    cfg: Config, spec: WorldSpec, impressions: int, examples: Path, scores: list[Any]
+) -> list[np.ndarray] | None:
+    """The world's hidden click probability of every scored example, block by block (the trainer
+    orders a block by impression time, stably); None if the labels do not line up."""
+    ids, ts, labels = [], [], []
+    with examples.open("rb") as f:
+        for line in f:
+            ex = json.loads(line)
+            ids.append(ex["impression"]["impression_id"])
+            ts.append(ex["impression"]["ts"])
+            labels.append(ex["label"])
+    sim = dataclasses.replace(cfg.simulator, **spec.simulator)
+    truth = open_world(spec.kind, spec.seed, sim).true_probabilities(impressions)
+    out, start = [], 0
+    for b in scores:
+        n = b.labels.size
+        order = np.argsort(np.array(ts[start : start + n]), kind="stable")
+        if not np.array_equal(np.array(labels[start : start + n], np.float32)[order], b.labels):
+            return None
+        out.append(np.array([truth[ids[start + i]] for i in order.tolist()]))
+        start += n
+    return out
+
+
 def run_world(
     name: str,
     spec: WorldSpec,
@@ -229,12 +256,15 @@ def run_world(
         block = args.train_every or SYNTHETIC_BLOCK[args.quick]
     blocks: dict[int, dict[str, Any]] = {}
     timing: dict[str, Any] = {}
+    oracle = "oracle" in learners and not spec.real and bool(runs)
     for model, gives in runs.items():
         cfg = load_config(args.config, env=args.env)  # a fresh copy per run
         cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = model, block, spec.seed
         cfg.backtest.bootstrap_resamples = 0  # the suite bootstraps every learner together
         source = _Progress(open_world_source(cfg, spec, impressions, args.datasets), f"{name} {model}")
         with tempfile.TemporaryDirectory(prefix=f"quality-{name}-") as tmp:
+            first = model == next(iter(runs))
+            examples = Path(tmp) / "examples.jsonl" if oracle and first else None
             result = run_backtest(
                 cfg,
                 source,
@@ -244,7 +274,16 @@ def run_world(
                 quiet=True,
                 mlflow_run=False,
                 ftrl="ftrl" in gives,
+                examples_out=examples,
             )
+            if examples is not None:
+                truth = oracle_scores(cfg, spec, impressions, examples, result.scores)
+                if truth is None:
+                    say(f"  {name}: the examples do not line up with the blocks; no oracle")
+                    oracle = False
+                for b, p in zip(result.scores, truth or [], strict=False):
+                    blocks.setdefault(b.index, {"index": b.index, "labels": b.labels, "scores": {}})
+                    blocks[b.index]["scores"]["oracle"] = p
         s = result.summary
         timing[model] = {
             "loop_s": round(s["loop_s"], 1),
@@ -268,8 +307,9 @@ def run_world(
             same[m] = "default"
             for row in blocks.values():  # the default run is this model's run: not trained twice
                 row["scores"][m] = row["scores"]["default"]
-    scored = score_world(list(blocks.values()), learners, resamples=args.resamples, seed=spec.seed)
-    scored["checks"] = {n: checks(scored, n) for n in learners}
+    present = [n for n in learners if n != "oracle" or oracle]
+    scored = score_world(list(blocks.values()), present, resamples=args.resamples, seed=spec.seed)
+    scored["checks"] = {n: checks(scored, n) for n in present}
     scored["same_as"] = same
     return {
         "spec": dataclasses.asdict(spec)
@@ -325,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         say(f"[{i}/{len(worlds)}] {w}: {spec.what} ({time.perf_counter() - t0:.0f}s so far)")
         results[w] = run_world(w, spec, base, args, learners, say)
-        plot_world(w, results[w], learners, args.out / "quality" / f"{w}.png")
+        plot_world(w, results[w], list(results[w]["learners"]), args.out / "quality" / f"{w}.png")
     table = markdown(results, learners)
     meta = {
         "commit": git_commit(),
