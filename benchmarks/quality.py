@@ -2,7 +2,7 @@
 
 Each world (the project's simulator at three settings, the ``lifecycle`` and ``shifts`` worlds of
 :mod:`pipeline.sources.worlds`, and the real samples in ``../shared/datasets``: Avazu's first hour,
-Open Bandit men / women under the random and the bts policy) is replayed by
+Open Bandit men / women under the random and the bts policy, and all four merged) is replayed by
 :func:`pipeline.replay.backtest.run_backtest`: validation, the joiner's partition tasks, the
 streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progressive
 (predict-then-learn) scores on every block. Learners:
@@ -11,14 +11,17 @@ streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progre
   run also yields ``static`` (that model frozen after block 1) and ``ftrl`` (FTRL-Proximal logistic
   regression on the same hashed features, the backtest's baseline);
 - ``deepfm`` and ``dcnv2``: the online champion with that model, a separate run without the FTRL
-  baseline (its scores would be the same); a model equal to the default is not run twice.
+  baseline (its scores would be the same); a model equal to the default is not run twice;
+- ``oracle`` (synthetic worlds only): the world's hidden click probability of each example, the
+  ceiling; it counts clicks at any delay, so where clicks come after the attribution window
+  (``shifts``) its calibration against the joined labels is above 1.
 
 Per world and learner: AUC with a paired bootstrap 95% CI, logloss, NE, calibration over blocks 2+
 (where every learner exists), over all blocks, and per block; the issue's Must-show checks; one PNG
 per world (``<out>/quality/<world>.png``), ``<out>/quality.json`` and a markdown table on stdout.
 
-    python benchmarks/quality.py                     # the full suite (~20-25 min on 2 shared cores)
-    python benchmarks/quality.py --quick             # smaller synthetic streams (~3-5 min)
+    python benchmarks/quality.py                     # the full suite (~12 min on 2 shared cores)
+    python benchmarks/quality.py --quick             # smaller synthetic streams (~3 min)
     python benchmarks/quality.py --quick --worlds shifts,obd-bts-men --learners default,ftrl \
         --set trainer.lr_sparse=0.05     # an ablation
 """

@@ -1,0 +1,39 @@
+"""benchmarks/quality_report.py: the quality suite's metrics and Must-show checks on made-up blocks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from quality_report import checks, markdown, score_world
+
+
+def blocks(n_blocks: int = 4, n: int = 5_000, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(1, n_blocks + 1):
+        p = rng.uniform(0.01, 0.2, n)
+        y = (rng.random(n) < p).astype(np.float32)
+        scores = {"good": p, "ftrl": np.clip(p + rng.normal(0, 0.05, n), 0.001, 0.999), "high": 2 * p}
+        if i > 1:
+            scores["static"] = np.full(n, 0.1)
+        out.append({"index": i, "labels": y, "scores": scores})
+    return out
+
+
+def test_checks_tell_a_calibrated_learner_from_an_overconfident_one() -> None:
+    world = score_world(blocks(), ["good", "ftrl", "high", "static"], resamples=50, seed=1)
+    world["checks"] = {n: checks(world, n) for n in world["learners"]}
+    good, high = world["checks"]["good"], world["checks"]["high"]
+    assert good["pass"] and good["auc_beyond_ci"] and good["ne_blocks_judged"] == [2, 3, 4]
+    assert not high["calibration_ok"] and not high["pass"]  # same ranking, twice the rate
+    assert world["checks"]["ftrl"]["auc_ge_ftrl"] is None  # the reference is not judged against itself
+    static = world["learners"]["static"]
+    assert static["overall"] == static["blocks2"] and static["blocks2"]["auc"] == 0.5
+    assert world["learners"]["good"]["overall"]["examples"] == 20_000
+    assert world["learners"]["good"]["blocks2"]["examples"] == 15_000
+    table = markdown({"w": world}, ["good", "ftrl", "high", "static"])
+    assert table.count("\n") == 5 and "| w | high |" in table and "FAIL" in table
