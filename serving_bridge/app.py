@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -41,7 +41,15 @@ from starlette.types import Message, Receive, Scope, Send
 from pipeline.core.config import ServingConfig
 from pipeline.core.metrics import CONTENT_TYPE, LATENCY_BUCKETS_S, Registry, multiprocess_dir
 from serving_bridge.feature_fallback import FallbackFeatures
-from serving_bridge.openapi import ScoreResponse, error_message, openapi_spec, score_request_model
+from serving_bridge.openapi import (
+    HealthBody,
+    ReadyBody,
+    ScoreResponse,
+    VersionBody,
+    error_message,
+    openapi_spec,
+    score_request_model,
+)
 from serving_bridge.serving_metrics import collect_replica_metrics
 
 __all__ = ["ScoringApp"]
@@ -56,6 +64,10 @@ def _json(status: int, body: dict[str, Any], *headers: tuple[str, str], close: b
     if close:
         extra["connection"] = "close"
     return Response(json.dumps(body).encode(), status, extra or None, _JSON)
+
+
+def _model(status: int, body: BaseModel) -> Response:
+    return Response(body.model_dump_json().encode(), status, media_type=_JSON)
 
 
 def _error(status: int, message: str, *headers: tuple[str, str], close: bool = False) -> Response:
@@ -156,18 +168,21 @@ class ScoringApp:
         self.requests.labels(code=str(status)).inc()
 
     # -- GET ---------------------------------------------------------------------------------------
+    # each body is its model of serving_bridge.openapi, as the document describes it
     async def healthz(self, request: Request) -> Response:
-        return _json(200, {"status": "ok"})
+        return _model(200, HealthBody(status="ok"))
 
     async def readyz(self, request: Request) -> Response:
         ready = self.router.ready
-        return _json(200 if ready else 503, {"ready": ready, "version": self.router.champion.version})
+        return _model(200 if ready else 503, ReadyBody(ready=ready, version=self.router.champion.version))
 
     async def version(self, request: Request) -> Response:
         router = self.router
         challenger = router.challenger.version if router.challenger is not None else None
-        body = {"version": router.champion.version, "challenger": challenger, "replica": router.champion.name}
-        return _json(200, body)
+        champion = router.champion
+        return _model(
+            200, VersionBody(version=champion.version, challenger=challenger, replica=champion.name)
+        )
 
     async def openapi(self, request: Request) -> Response:
         return Response(self.spec_body, 200, media_type=_JSON)
@@ -255,4 +270,4 @@ class ScoringApp:
         answer = ScoreResponse(
             version=result.version, arm=arm, replica=result.replica, probabilities=result.probabilities
         )
-        return Response(answer.model_dump_json().encode(), 200, media_type=_JSON)
+        return _model(200, answer)

@@ -4,9 +4,10 @@ One definition, two uses, so the served description and the validation cannot dr
 validates every ``POST /score`` body with :meth:`ScoreRequest.model_validate_json` (pydantic-core's
 parser: strict types, UTF-8, a recursion limit, lone surrogate escapes refused), and
 ``GET /openapi.json`` serves :func:`openapi_spec`, whose ``components.schemas`` are those same
-models' JSON Schemas. The paths table below names, per route, its summary, its models and the
-status codes the server answers; :func:`error_message` turns pydantic's errors into the one-line
-``{"error": ...}`` the API answers.
+models' JSON Schemas (every JSON answer, the probes' too, is one of them). The paths table below
+names, per route, its summary, the status codes the server answers, their models and the header
+each always carries (``Allow`` on 405, ``Retry-After`` on 503, ``WWW-Authenticate`` on 401);
+:func:`error_message` turns pydantic's errors into the one-line ``{"error": ...}`` the API answers.
 
 >>> model = score_request_model(max_candidates=2)
 >>> try:
@@ -27,7 +28,10 @@ __all__ = [
     "MAX_CONTEXT_ENTRIES",
     "MAX_ID_CHARS",
     "ErrorBody",
+    "HealthBody",
+    "ReadyBody",
     "ScoreResponse",
+    "VersionBody",
     "error_message",
     "openapi_spec",
     "score_request_model",
@@ -55,6 +59,27 @@ class ErrorBody(BaseModel):
     error: str
 
 
+class HealthBody(BaseModel):
+    """``GET /healthz``: the process runs."""
+
+    status: Literal["ok"]
+
+
+class ReadyBody(BaseModel):
+    """``GET /readyz``: whether a model is loaded (200) or not yet (503), and which."""
+
+    ready: bool
+    version: str | None = Field(description="the champion version, null before the first is loaded")
+
+
+class VersionBody(BaseModel):
+    """``GET /version``: the versions this replica serves."""
+
+    version: str | None = Field(description="the champion version, null before the first is loaded")
+    challenger: str | None = Field(description="the challenger version, null when there is none")
+    replica: str
+
+
 @functools.cache
 def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
     """The ``ScoreRequest`` model; ``items`` holds at most ``max_candidates`` (serving.max_candidates)."""
@@ -74,40 +99,57 @@ def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
     return ScoreRequest
 
 
-# route -> (method, summary, request model name or None, {status: (description, model name or None)})
-_SCORE_ANSWERS: dict[str, tuple[str, str | None]] = {
+# route -> (method, summary, {status: (description, model name, header the answer always has)});
+# model "object" is any JSON object (this document), "text" Prometheus's text format
+Answers = dict[str, tuple[str, str] | tuple[str, str, str]]
+_SCORE_ANSWERS: Answers = {
     "200": ("one probability per candidate", "ScoreResponse"),
     "400": ("bad JSON or a body that does not match ScoreRequest", "ErrorBody"),
-    "401": ("missing or wrong bearer token (when the replica has one)", "ErrorBody"),
-    "405": ("a method other than POST (the response's Allow says which)", "ErrorBody"),
+    "401": ("missing or wrong bearer token (when the replica has one)", "ErrorBody", "WWW-Authenticate"),
+    "405": ("a method other than POST", "ErrorBody", "Allow"),
     "408": ("the body did not arrive in full within a few seconds", "ErrorBody"),
     "411": ("no Content-Length", "ErrorBody"),
     "413": ("body larger than serving.max_body_bytes", "ErrorBody"),
     "500": ("the model failed on a valid request (see the replica's log)", "ErrorBody"),
-    "503": ("overloaded or no model loaded yet; retry after Retry-After seconds", "ErrorBody"),
+    "503": ("overloaded or no model loaded yet; retry after Retry-After seconds", "ErrorBody", "Retry-After"),
 }
-_GET_405: dict[str, tuple[str, str | None]] = {"405": ("a method other than GET", "ErrorBody")}
-ROUTES: dict[str, tuple[str, str, dict[str, tuple[str, str | None]]]] = {
+_GET_405: Answers = {"405": ("a method other than GET", "ErrorBody", "Allow")}
+ROUTES: dict[str, tuple[str, str, Answers]] = {
     "/score": ("post", "click probability of one user for each candidate item", _SCORE_ANSWERS),
-    "/healthz": ("get", "200 while the process runs", {"200": ("ok", None), **_GET_405}),
+    "/healthz": ("get", "200 while the process runs", {"200": ("ok", "HealthBody"), **_GET_405}),
     "/readyz": (
         "get",
         "200 once a model is loaded",
-        {"200": ("a model is loaded", None), "503": ("no model yet", None), **_GET_405},
+        {"200": ("a model is loaded", "ReadyBody"), "503": ("no model yet", "ReadyBody"), **_GET_405},
     ),
-    "/version": ("get", "the champion and challenger versions served", {"200": ("ok", None), **_GET_405}),
+    "/version": (
+        "get",
+        "the champion and challenger versions served",
+        {"200": ("ok", "VersionBody"), **_GET_405},
+    ),
     "/metrics": ("get", "Prometheus text exposition", {"200": ("ok", "text"), **_GET_405}),
-    "/openapi.json": ("get", "this document", {"200": ("ok", None), **_GET_405}),
+    "/openapi.json": ("get", "this document", {"200": ("ok", "object"), **_GET_405}),
+}
+_HEADER_VALUES = {  # what each declared header holds
+    "Allow": {"type": "string", "enum": ["GET", "POST"]},
+    "Retry-After": {"type": "string", "pattern": "^[0-9]+$"},
+    "WWW-Authenticate": {"type": "string", "pattern": "^Bearer "},
 }
 
 
-def _answer(description: str, model: str | None) -> dict[str, Any]:
-    if model is None:
-        return {"description": description, "content": {"application/json": {"schema": {"type": "object"}}}}
+def _answer(description: str, model: str, header: str | None = None) -> dict[str, Any]:
     if model == "text":
-        return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
-    ref = {"$ref": f"#/components/schemas/{model}"}
-    return {"description": description, "content": {"application/json": {"schema": ref}}}
+        content = {"text/plain": {"schema": {"type": "string"}}}
+    else:
+        schema = {"type": "object"} if model == "object" else {"$ref": f"#/components/schemas/{model}"}
+        content = {"application/json": {"schema": schema}}
+    answer: dict[str, Any] = {"description": description, "content": content}
+    if header is not None:
+        answer["headers"] = {header: {"required": True, "schema": _HEADER_VALUES[header]}}
+    return answer
+
+
+_ANSWER_MODELS = (ScoreResponse, ErrorBody, HealthBody, ReadyBody, VersionBody)
 
 
 def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, Any]:
@@ -115,8 +157,7 @@ def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, A
     ref = "#/components/schemas/{model}"
     schemas = {
         "ScoreRequest": score_request_model(max_candidates).model_json_schema(ref_template=ref),
-        "ScoreResponse": ScoreResponse.model_json_schema(ref_template=ref),
-        "ErrorBody": ErrorBody.model_json_schema(ref_template=ref),
+        **{m.__name__: m.model_json_schema(ref_template=ref) for m in _ANSWER_MODELS},
     }
     paths: dict[str, Any] = {}
     for path, (method, summary, answers) in ROUTES.items():
