@@ -19,7 +19,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.learner import TorchLearner, autocast_dtype, pins_host_memory, step_batch_size
-from trainers.rowwise import RowwiseAdam, merge_rows
+from trainers.rowwise import RowwiseAdagrad, RowwiseAdam, merge_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,22 +85,46 @@ def test_rowwise_adam_resumes_from_a_sparse_adam_state_dict():
     assert rowwise.state[b.weight]["step"] == 2
 
 
-def test_a_cloned_learner_keeps_the_optimizer_mode_and_learns():
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_a_cloned_learner_keeps_the_optimizer_mode_and_learns(kind):
     """TorchLearner.clone deep-copies the optimizers; Optimizer pickles only its own fields."""
-    learner = _learner()
+    learner = _learner(kind)
     learner._sparse_opt.compact = False  # type: ignore[union-attr]
     learner.learn(_block(256))
     twin = learner.clone()
-    assert isinstance(twin._sparse_opt, RowwiseAdam) and twin._sparse_opt.compact is False
-    before = twin.model.embedding.table.weight.detach().clone()
+    expected = RowwiseAdagrad if kind == "adagrad" else RowwiseAdam
+    assert isinstance(twin._sparse_opt, expected) and twin._sparse_opt.compact is False
+    table = twin.model.embedding.table.weight
+    before = table.detach().clone()
+    sum_sq = twin._sparse_opt.state[table]["sum_sq"].clone() if kind == "adagrad" else None
     twin.learn(_block(256))
-    assert not torch.equal(twin.model.embedding.table.weight, before)
-    assert twin._sparse_opt.state[twin.model.embedding.table.weight]["step"] == 8
+    assert not torch.equal(table, before)
+    if kind == "adam":
+        assert twin._sparse_opt.state[table]["step"] == 8
+    else:  # the accumulators were copied, then grew on the rows the block used
+        assert sum_sq is not None and bool((twin._sparse_opt.state[table]["sum_sq"] >= sum_sq).all())
+        assert not torch.equal(twin._sparse_opt.state[table]["sum_sq"], sum_sq)
 
 
-def test_rowwise_adam_refuses_dense_gradients():
+def test_fixed_slots_and_compact_rows_give_the_same_adagrad_step():
+    """On a GPU the optimizer writes n fixed slots (repeats included), on the CPU the distinct rows."""
+    a, b = _tables()
+    ids = torch.tensor([[3, 7, 3, 3], [1, 7, 9, 3]])
+    w = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(1))
+    fixed, compact = RowwiseAdagrad(a.parameters(), lr=0.1), RowwiseAdagrad(b.parameters(), lr=0.1)
+    fixed.compact, compact.compact = False, True
+    for _ in range(3):
+        _step(a, fixed, ids, w)
+        _step(b, compact, ids, w)
+    torch.testing.assert_close(a.weight, b.weight, rtol=0, atol=1e-6)
+    untouched = [r for r in range(a.weight.shape[0]) if r not in (1, 3, 7, 9)]
+    torch.testing.assert_close(a.weight[untouched], _tables()[0].weight[untouched], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", [RowwiseAdam, RowwiseAdagrad])
+def test_rowwise_optimizers_refuse_dense_gradients(kind):
     p = torch.nn.Parameter(torch.zeros(3, 2))
-    opt = RowwiseAdam([p])
+    opt = kind([p])
     p.sum().backward()
     with pytest.raises(RuntimeError, match="sparse gradients"):
         opt.step()
@@ -122,7 +146,7 @@ def _block(n: int, fields: int = 4, rows: int = 1 << 12) -> EncodedBatch:
     return EncodedBatch(ids, dense, (rng.random(n) < 0.3).astype(np.float32))
 
 
-def _learner() -> TorchLearner:
+def _learner(sparse_optimizer: str = "adam") -> TorchLearner:
     enc = Encoder.from_spec(
         {
             "version": 1,
@@ -133,15 +157,24 @@ def _learner() -> TorchLearner:
             "stream_keys": [],
         }
     )
-    cfg = TrainerConfig(hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=64, device="cpu")
+    cfg = TrainerConfig(
+        hash_buckets=1 << 12,
+        embedding_dim=4,
+        hidden=(8,),
+        batch_size=64,
+        device="cpu",
+        sparse_optimizer=sparse_optimizer,  # type: ignore[arg-type]
+    )
     return TorchLearner(cfg, enc)
 
 
-def test_learn_reads_the_device_once_per_block(monkeypatch):
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_learn_reads_the_device_once_per_block(monkeypatch, kind):
     """No ``.item()``/``.cpu()``/``float()`` per step: on a GPU each would stall the stream."""
-    learner = _learner()
-    assert isinstance(learner._sparse_opt, RowwiseAdam)
-    learner._sparse_opt.compact = False  # what it does on a GPU (on the CPU it reads a row count)
+    learner = _learner(kind)
+    assert isinstance(learner._sparse_opt, RowwiseAdagrad if kind == "adagrad" else RowwiseAdam)
+    for opt in (learner._sparse_opt, learner._wide_opt):  # what they do on a GPU (on the CPU they
+        opt.compact = False  # type: ignore[union-attr]  # read a row count)
     reads: list[str] = []
     for name in ("item", "cpu", "tolist", "numpy", "__float__", "__bool__", "__int__"):
         original = getattr(torch.Tensor, name)

@@ -7,8 +7,11 @@ For each block (examples ordered by impression time, stable):
    block's fine-tune, to show what freshness buys;
 2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
 3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
-4. if accepted, **publish** it with its lineage, move the champion alias, and make it the champion;
-   if refused, the champion stays and the report says why.
+4. if accepted, the candidate **learns the holdout** too (``trainer.learn_holdout``: otherwise the
+   newest tenth of every block would never reach the served model), then is **published** with its
+   lineage, the champion alias moves, and it becomes the champion; if refused, the champion stays
+   and the report says why. With ``trainer.calibrate`` the candidate carries a Platt scaling fitted
+   on the champion's progressive logits over the block's older part (:mod:`trainers.calibration`).
 
 Baselines (optional, for backtests): extra learners that score every block progressively beside the
 champion (before learning it, on exactly the same encoded rows), then learn the whole block; their
@@ -47,6 +50,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
+from trainers.calibration import apply_platt, fit_platt
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner, cpu_threads
@@ -265,7 +269,8 @@ class IncrementalTrainer:
             batch = champion.encode(block)
         assert batch.labels is not None
         y = batch.labels
-        p_online = champion.predict(batch)
+        raw_online = champion.predict_logits(batch)
+        p_online = apply_platt(raw_online, champion.calibration)
         online = block_metrics(y, p_online)
         p_static = self.static.predict(batch) if self.static is not None else None
         static = block_metrics(y, p_static) if p_static is not None else None
@@ -278,6 +283,9 @@ class IncrementalTrainer:
         train, hold = batch[: n - n_hold], batch[n - n_hold :]
         assert hold.labels is not None
         candidate = champion.clone()
+        if self.cfg.calibrate and self.has_champion:
+            # the champion's logits on this block's older part, made before it learned them
+            candidate.calibration = fit_platt(raw_online[: n - n_hold], y[: n - n_hold])
         start = time.perf_counter()
         loss = candidate.learn(train)
         train_s = time.perf_counter() - start
@@ -318,6 +326,13 @@ class IncrementalTrainer:
             scores = {"online": p_online} | ({"static": p_static} if p_static is not None else {}) | p_base
             self.on_scores(BlockScores(self.blocks, y, scores, report.event_time_min, report.event_time_max))
         if decision.accepted:
+            if self.cfg.learn_holdout:
+                # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
+                # share of every block would never reach the served model.
+                start = time.perf_counter()
+                loss_hold = candidate.learn(hold)
+                report.train_seconds = train_s + time.perf_counter() - start
+                report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:
                 start = time.perf_counter()
                 version = self.store.publish(

@@ -6,9 +6,14 @@ runs under bf16 autocast; on CPU both are no-ops and training is deterministic f
 comes from ``numpy.random.default_rng([seed, blocks_learned])``, initial weights from
 ``torch.manual_seed(seed)``, and no op with a random component is used).
 
-The embedding table gets :class:`trainers.rowwise.RowwiseAdam` (SparseAdam's lazy-Adam arithmetic:
-only the rows a batch used are touched, so a step costs O(batch) whatever the table's size, without
-SparseAdam's data-dependent ``coalesce``), every other parameter Adam. The hot loop never reads a
+Each part of the model gets the optimizer its role needs (:func:`_make_optimizers`): the linear part
+(first-order table, dense-input weights, output bias) per-coordinate AdaGrad at FTRL's rates, the
+embedding vectors row-wise AdaGrad (or lazy Adam), both from :mod:`trainers.rowwise` (only the rows
+a batch used are touched, so a step costs O(batch) whatever the table's size), the MLP Adam. The
+loss is summed over a batch, so those rates are per example as in FTRL. The output bias starts at
+the first block's base rate and the deep part's last layer at 0: a new model predicts the base
+rate, not 0.5, and adds its interactions as it learns them (benchmarks/README.md: learning
+quality). The hot loop never reads a
 value back to the host: the block's loss is summed on the device and read once at the end.
 The device decisions are small functions (:func:`autocast_dtype`, :func:`pins_host_memory`,
 :func:`step_batch_size`) so that a CPU-only test covers the CUDA choices too.
@@ -35,9 +40,10 @@ from torch import nn
 
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
+from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
-from trainers.models import build_model, model_spec
-from trainers.rowwise import RowwiseAdam
+from trainers.models import HashedEmbedding, build_model, model_spec
+from trainers.rowwise import LinearAdagrad, RowwiseAdagrad, RowwiseAdam
 
 __all__ = [
     "FORMAT",
@@ -115,6 +121,57 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainerConfig:
     return TrainerConfig(**kwargs)
 
 
+Optimizers = tuple[torch.optim.Optimizer | None, ...]
+
+
+def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
+    """``(wide table, linear part, embedding vectors, the rest)``: one optimizer per role, or None.
+
+    The linear (wide) part is the first-order table ``model.wide``, the dense inputs' weights and
+    the output bias (``model.linear_parameters()``): with ``wide_optimizer="adagrad"`` each of its
+    coordinates learns at FTRL's per-coordinate rate ``lr_wide / (wide_beta + sqrt(n))``, which is
+    what online logistic regression wins with (the stream features' weights and the base rate adapt
+    within a block, where Adam at lr_dense took hundreds of steps). The embedding vectors get
+    ``sparse_optimizer`` (row-wise), every other weight (MLP, cross layers) Adam at ``lr_dense``.
+    """
+    wide_module = getattr(model, "wide", None)
+    wide = list(wide_module.parameters()) if isinstance(wide_module, nn.Module) else []
+    linear_of = getattr(model, "linear_parameters", None)
+    linear = list(linear_of()) if callable(linear_of) else []
+    taken = {id(p) for p in wide + linear}
+    sparse = [
+        p
+        for m in model.modules()
+        if isinstance(m, nn.Embedding) and m.sparse
+        for p in m.parameters()
+        if id(p) not in taken
+    ]
+    taken |= {id(p) for p in sparse}
+    dense = [p for p in model.parameters() if id(p) not in taken]
+    adagrad = cfg.wide_optimizer == "adagrad"
+    return (
+        _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta),
+        None
+        if not linear
+        else LinearAdagrad(linear, lr=cfg.lr_wide, beta=cfg.wide_beta)
+        if adagrad
+        else torch.optim.Adam(linear, lr=cfg.lr_dense),
+        _rowwise(cfg.sparse_optimizer, sparse, cfg.lr_sparse, cfg.sparse_beta),
+        # fused: one kernel for all dense tensors and its step counters stay on the device
+        # (the default loop reads each counter back with .item() every step).
+        torch.optim.Adam(dense, lr=cfg.lr_dense, fused=True) if dense else None,
+    )
+
+
+def _rowwise(kind: str, params: list[nn.Parameter], lr: float, beta: float) -> torch.optim.Optimizer | None:
+    """The row-wise optimizer of one group of hashed tables (None for no tables)."""
+    if not params:
+        return None
+    if kind == "adagrad":
+        return RowwiseAdagrad(params, lr=lr, beta=beta)
+    return RowwiseAdam(params, lr=lr)
+
+
 def _is_pair(data: Any) -> bool:
     """``(impressions, stream_features)`` rather than a 2-tuple of rows or examples?"""
     return (
@@ -153,6 +210,7 @@ class TorchLearner:
                 hash_buckets=encoder.hash_buckets,
                 embedding_dim=cfg.embedding_dim,
                 hidden=cfg.hidden,
+                min_count=cfg.min_count,
             )
             # Seeded init without disturbing the caller's global RNG stream.
             with torch.random.fork_rng(devices=[]):
@@ -162,23 +220,11 @@ class TorchLearner:
         self.blocks_learned = 0  # learn() calls so far; seeds each block's shuffle
         self.steps = 0  # optimizer steps so far
         self.version: str | None = None  # the registry version these weights are, if any
-        sparse = [
-            p
-            for m in self.model.modules()
-            if isinstance(m, nn.Embedding) and m.sparse
-            for p in m.parameters()
-        ]
-        ids = {id(p) for p in sparse}
-        dense = [p for p in self.model.parameters() if id(p) not in ids]
-        self._sparse_opt: torch.optim.Optimizer | None = (
-            RowwiseAdam(sparse, lr=cfg.lr_sparse) if sparse else None
-        )
-        self._dense_opt: torch.optim.Optimizer | None = (
-            # fused: one kernel for all dense tensors and its step counters stay on the device
-            # (the default loop reads each counter back with .item() every step).
-            torch.optim.Adam(dense, lr=cfg.lr_dense, fused=True) if dense else None
+        self._wide_opt, self._linear_opt, self._sparse_opt, self._dense_opt = _make_optimizers(
+            self.model, cfg
         )
         self.frozen = False
+        self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
 
     @property
     def model_spec(self) -> dict[str, Any]:
@@ -195,13 +241,20 @@ class TorchLearner:
         n = len(batch)
         if n == 0:
             return float("nan")
+        if self.blocks_learned == 0 and self.steps == 0:
+            self._start_at_base_rate(batch.labels)
         ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(batch.labels)
+        for m in self.model.modules():
+            if isinstance(m, HashedEmbedding):
+                m.count(ids)  # frequency admission: this block's values count from now on
         rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
         bs = step_batch_size(self.cfg, self.device)
         total = torch.zeros((), device=self.device)
         self.model.train()
         for _ in range(self.cfg.epochs_per_block):
-            perm = self._put(rng.permutation(n))
+            # In event-time order the newest examples move the weights last (recency, as an online
+            # learner has it); shuffled, a block is learned as a whole.
+            perm = self._put(rng.permutation(n) if self.cfg.shuffle else np.arange(n))
             for start in range(0, n, bs):
                 idx = perm[start : start + bs]
                 # index_select, not ids[idx]: advanced indexing was ~3x slower on CPU (profile).
@@ -210,7 +263,9 @@ class TorchLearner:
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.index_select(0, idx))
                 for opt in self._optimizers():
                     opt.zero_grad(set_to_none=True)
-                loss.backward()
+                # Per-example gradient sums, as FTRL uses: wide_beta is then in the units of one
+                # example's gradient (Adam is invariant to the scale).
+                (loss * idx.numel()).backward()
                 for opt in self._optimizers():
                     opt.step()
                 # Accumulate on the device: a .item() per step would sync the GPU every batch.
@@ -221,7 +276,12 @@ class TorchLearner:
 
     # -- scoring ---------------------------------------------------------------------------------
     def predict(self, examples: Examples) -> np.ndarray:
-        """Click probabilities (float64) for examples, rows, ``(impressions, stream_features)`` or a batch."""
+        """Click probabilities (float64) for examples, rows, ``(impressions, stream_features)`` or a
+        batch: the model's logit through its :attr:`calibration` (:mod:`trainers.calibration`)."""
+        return apply_platt(self.predict_logits(examples), self.calibration)
+
+    def predict_logits(self, examples: Examples) -> np.ndarray:
+        """The model's own logits (float64), before calibration."""
         batch = self.encode(examples)
         out = []
         self.model.eval()
@@ -229,7 +289,7 @@ class TorchLearner:
             for start in range(0, len(batch), _PREDICT_CHUNK):
                 part = batch[start : start + _PREDICT_CHUNK]
                 logits = self.model(self._put(part.ids), self._put(part.dense))
-                out.append(torch.sigmoid(logits.float()).cpu().numpy())
+                out.append(logits.float().cpu().numpy())
         return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
     def predict_rows(
@@ -265,7 +325,7 @@ class TorchLearner:
             memo = {id(o): None for o in self._optimizers()}
         twin = copy.deepcopy(self, memo)
         if frozen:
-            twin._sparse_opt = twin._dense_opt = None
+            twin._sparse_opt = twin._wide_opt = twin._linear_opt = twin._dense_opt = None
             twin.frozen = True
         return twin
 
@@ -277,6 +337,7 @@ class TorchLearner:
             "model": self.model_spec,
             "config": dataclasses.asdict(self.cfg),
             "blocks_learned": self.blocks_learned,
+            "calibration": list(self.calibration),
             "steps": self.steps,
             "torch": torch.__version__,
         }
@@ -289,6 +350,10 @@ class TorchLearner:
         if optimizer and not self.frozen:
             if self._sparse_opt is not None:
                 state["sparse_opt"] = self._sparse_opt.state_dict()
+            if self._wide_opt is not None:
+                state["wide_opt"] = self._wide_opt.state_dict()
+            if self._linear_opt is not None:
+                state["linear_opt"] = self._linear_opt.state_dict()
             if self._dense_opt is not None:
                 state["dense_opt"] = self._dense_opt.state_dict()
         torch.save(state, out / "weights.pt")
@@ -314,15 +379,37 @@ class TorchLearner:
         learner = cls(cfg, Encoder.from_spec(spec["encoder"]), model, device=str(dev))
         learner.blocks_learned = int(spec.get("blocks_learned", 0))
         learner.steps = int(spec.get("steps", 0))
-        if learner._sparse_opt is not None and "sparse_opt" in state:
-            learner._sparse_opt.load_state_dict(state["sparse_opt"])
-        if learner._dense_opt is not None and "dense_opt" in state:
+        a, b = spec.get("calibration", IDENTITY)
+        learner.calibration = (float(a), float(b))
+        # Optimizer state saved before the wide table was split off does not fit: fresh moments.
+        if "wide_opt" in state or "linear_opt" in state:
+            pairs = [(learner._wide_opt, "wide_opt"), (learner._linear_opt, "linear_opt")]
+            pairs += [(learner._sparse_opt, "sparse_opt")]
+            for opt, key in pairs:
+                if opt is not None and key in state:
+                    opt.load_state_dict(state[key])
+        if learner._dense_opt is not None and "dense_opt" in state and "linear_opt" in state:
             learner._dense_opt.load_state_dict(state["dense_opt"])
         return learner
 
     # -- internals -------------------------------------------------------------------------------
+    def _start_at_base_rate(self, labels: np.ndarray) -> None:
+        """Set the output bias to the logit of the first block's click rate (smoothed).
+
+        A model that starts at p = 0.5 spends its first blocks learning the base rate (at 0.5% CTR
+        a logit of -5.3, about 5,000 Adam steps at 1e-3): miscalibrated by 10-100x meanwhile. The
+        rate is shrunk towards 1/2 by one pseudo-click and one pseudo-non-click.
+        """
+        bias = getattr(self.model, "output_bias", None)
+        if not isinstance(bias, torch.Tensor):
+            return
+        rate = (float(labels.sum()) + 1.0) / (labels.size + 2.0)
+        with torch.no_grad():
+            bias.fill_(float(np.log(rate / (1.0 - rate))))
+
     def _optimizers(self) -> list[torch.optim.Optimizer]:
-        return [o for o in (self._sparse_opt, self._dense_opt) if o is not None]
+        opts = (self._wide_opt, self._linear_opt, self._sparse_opt, self._dense_opt)
+        return [o for o in opts if o is not None]
 
     def _put(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)

@@ -1,9 +1,13 @@
 """CTR models over hashed categorical ids and dense inputs.
 
 Every model is an ``nn.Module`` built from a JSON-able spec (``MODELS[spec["type"]](spec)``) whose
-``forward(ids, dense)`` returns one logit per row. Categorical ids index ONE shared
-:class:`HashedEmbedding` table with sparse gradients (so SparseAdam only touches the rows a batch
-used); it is its own module so DCN-V2 (and later models) reuse it.
+``forward(ids, dense)`` returns one logit per row. Categorical ids index hashed tables with sparse
+gradients (:class:`HashedEmbedding`; the optimizer only touches the rows a batch used): ``wide``, one
+first-order weight per hashed value (DeepFM, LR), and ``embedding``, one vector per hashed value
+(DeepFM, DCN-V2). The learner picks each table's optimizer by that name.
+
+Every model starts as its linear part: first-order weights at 0, the output bias (``output_bias``,
+set by the learner to the first block's base rate), and a deep part whose last layer is 0.
 
 >>> spec = model_spec("deepfm", n_fields=3, n_dense=2, hash_buckets=64, embedding_dim=4, hidden=(8,))
 >>> m = build_model(spec)
@@ -24,25 +28,70 @@ __all__ = ["MODELS", "DCNv2", "DeepFM", "HashedEmbedding", "LogisticRegression",
 _INIT_STD = 0.01  # small embeddings: the FM term starts near zero instead of dominating the logit
 
 
-class HashedEmbedding(nn.Module):
-    """One ``(hash_buckets, dim)`` table shared by all categorical fields; sparse gradients."""
+def _zero_linear(width: int, out: int) -> nn.Linear:
+    """A linear layer that starts at exactly 0: the deep part adds to the wide part's logit only as
+    it learns, instead of adding an untrained network's noise to every early prediction."""
+    layer = nn.Linear(width, out)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
 
-    def __init__(self, hash_buckets: int, dim: int) -> None:
+
+def _zero_table(hash_buckets: int) -> HashedEmbedding:
+    """A one-column table of first-order weights, all 0 (an unseen value is neutral)."""
+    table = HashedEmbedding(hash_buckets, 1)
+    with torch.no_grad():
+        table.table.weight.zero_()
+    return table
+
+
+class HashedEmbedding(nn.Module):
+    """A ``(hash_buckets, dim)`` table shared by all categorical fields; sparse gradients.
+
+    ``min_count > 0`` turns on frequency admission (as Monolith and TorchRec do): a hashed value
+    gets its own row only once training has seen it ``min_count`` times (:meth:`count`); until then
+    it reads its field's shared "rare" row (one extra row per field). One click on a value seen
+    once cannot then carve out a vector of its own, and a value seen too rarely to learn a vector
+    for shares what the rare values of its field have in common. The counts are a buffer of the
+    model, saved with the weights, so a served version admits exactly what its trainer did.
+    """
+
+    counts: torch.Tensor  # buffers, present when min_count > 0
+    rare: torch.Tensor
+
+    def __init__(self, hash_buckets: int, dim: int, *, min_count: int = 0, n_fields: int = 0) -> None:
         super().__init__()
-        self.table = nn.Embedding(hash_buckets, dim, sparse=True)
+        self.min_count = int(min_count)
+        extra = n_fields if self.min_count > 0 else 0
+        self.table = nn.Embedding(hash_buckets + extra, dim, sparse=True)
         nn.init.normal_(self.table.weight, std=_INIT_STD)
+        if self.min_count > 0:
+            self.register_buffer("counts", torch.zeros(hash_buckets, dtype=torch.int32))
+            self.register_buffer("rare", hash_buckets + torch.arange(n_fields, dtype=torch.long))
+
+    @torch.no_grad()
+    def count(self, ids: torch.Tensor) -> None:
+        """Add one sighting per entry of ``ids`` (a block about to be learned)."""
+        if self.min_count > 0:
+            flat = ids.reshape(-1)
+            self.counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``(n, fields)`` ids -> ``(n, fields, dim)`` vectors."""
+        if self.min_count > 0:
+            seen = self.counts.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            ids = torch.where(seen >= self.min_count, ids, self.rare.expand_as(ids))
         out: torch.Tensor = self.table(ids)
         return out
 
 
 class DeepFM(nn.Module):
-    """DeepFM (Guo et al. 2017): first-order + FM pairwise interactions + an MLP, summed.
+    """DeepFM (Guo et al. 2017): first-order (wide) + FM pairwise interactions + an MLP, summed.
 
-    The shared table is ``embedding_dim + 1`` wide: column 0 is the field value's first-order
-    weight, the rest its embedding. One table means one sparse optimizer and one lookup per batch.
+    Two hashed tables: ``wide`` holds each field value's first-order weight (one column, starting
+    at 0) and ``embedding`` its vector. They are separate so that each gets the optimizer its role
+    needs (the learner gives ``wide`` per-coordinate AdaGrad, FTRL's rates, and the vectors Adam;
+    Wide & Deep does the same, with FTRL on the wide part).
     """
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
@@ -50,9 +99,10 @@ class DeepFM(nn.Module):
         self.spec = dict(spec)
         n_fields, n_dense = int(spec["n_fields"]), int(spec["n_dense"])
         dim = int(spec["embedding_dim"])
-        self.embedding = HashedEmbedding(int(spec["hash_buckets"]), dim + 1)
-        with torch.no_grad():
-            self.embedding.table.weight[:, 0].zero_()  # first-order weights start neutral
+        self.wide = _zero_table(int(spec["hash_buckets"]))
+        self.embedding = HashedEmbedding(
+            int(spec["hash_buckets"]), dim, min_count=int(spec.get("min_count", 0)), n_fields=n_fields
+        )
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
         layers: list[nn.Module] = []
@@ -60,13 +110,21 @@ class DeepFM(nn.Module):
         for h in spec["hidden"]:
             layers += [nn.Linear(width, int(h)), nn.ReLU()]
             width = int(h)
-        layers.append(nn.Linear(width, 1))
+        layers.append(_zero_linear(width, 1))
         self.mlp = nn.Sequential(*layers)
 
+    @property
+    def output_bias(self) -> torch.Tensor:
+        return self.bias
+
+    def linear_parameters(self) -> list[nn.Parameter]:
+        """The wide part's dense weights: the dense inputs' linear layer and the output bias."""
+        extra = list(self.dense_linear.parameters()) if self.dense_linear is not None else []
+        return [*extra, self.bias]
+
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        e = self.embedding(ids)
-        first, v = e[..., 0], e[..., 1:]
-        logit = first.sum(1) + self.bias
+        v = self.embedding(ids)
+        logit = self.wide(ids).squeeze(2).sum(1) + self.bias
         if self.dense_linear is not None:
             logit = logit + self.dense_linear(dense).squeeze(1)
         # FM identity: sum_{i<j} <v_i, v_j> = ((sum v)^2 - sum v^2) / 2, O(fields * dim).
@@ -75,6 +133,14 @@ class DeepFM(nn.Module):
         deep = self.mlp(torch.cat([v.flatten(1), dense], dim=1)).squeeze(1)
         out: torch.Tensor = logit + fm + deep.float()
         return out
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # Versions saved before the wide table was split off kept it as column 0 of ``embedding``.
+        old = state_dict.get(prefix + "embedding.table.weight")
+        if prefix + "wide.table.weight" not in state_dict and old is not None:
+            state_dict[prefix + "wide.table.weight"] = old[:, :1]
+            state_dict[prefix + "embedding.table.weight"] = old[:, 1:]
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
 class CrossLayer(nn.Module):
@@ -103,7 +169,9 @@ class DCNv2(nn.Module):
         self.spec = dict(spec)
         n_fields, n_dense = int(spec["n_fields"]), int(spec["n_dense"])
         dim = int(spec["embedding_dim"])
-        self.embedding = HashedEmbedding(int(spec["hash_buckets"]), dim)
+        self.embedding = HashedEmbedding(
+            int(spec["hash_buckets"]), dim, min_count=int(spec.get("min_count", 0)), n_fields=n_fields
+        )
         width = n_fields * dim + n_dense
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(int(spec.get("cross_layers", 3))))
         layers: list[nn.Module] = []
@@ -113,6 +181,13 @@ class DCNv2(nn.Module):
             deep = int(h)
         self.mlp = nn.Sequential(*layers)
         self.head = nn.Linear(width + deep, 1)
+
+    @property
+    def output_bias(self) -> torch.Tensor:
+        return self.head.bias
+
+    def linear_parameters(self) -> list[nn.Parameter]:
+        return [self.head.bias]
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         x0 = torch.cat([self.embedding(ids).flatten(1), dense], dim=1)
@@ -130,14 +205,27 @@ class LogisticRegression(nn.Module):
         super().__init__()
         self.spec = dict(spec)
         n_dense = int(spec["n_dense"])
-        self.embedding = HashedEmbedding(int(spec["hash_buckets"]), 1)
-        with torch.no_grad():
-            self.embedding.table.weight.zero_()
+        self.wide = _zero_table(int(spec["hash_buckets"]))
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
 
+    @property
+    def output_bias(self) -> torch.Tensor:
+        return self.bias
+
+    def linear_parameters(self) -> list[nn.Parameter]:
+        """The wide part's dense weights: the dense inputs' linear layer and the output bias."""
+        extra = list(self.dense_linear.parameters()) if self.dense_linear is not None else []
+        return [*extra, self.bias]
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        old = state_dict.pop(prefix + "embedding.table.weight", None)  # its name before "wide"
+        if old is not None:
+            state_dict.setdefault(prefix + "wide.table.weight", old)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        logit = self.embedding(ids).squeeze(2).sum(1) + self.bias
+        logit = self.wide(ids).squeeze(2).sum(1) + self.bias
         if self.dense_linear is not None:
             logit = logit + self.dense_linear(dense).squeeze(1)
         out: torch.Tensor = logit.float()
@@ -160,8 +248,10 @@ def model_spec(
     embedding_dim: int = 16,
     hidden: Sequence[int] = (128, 64),
     cross_layers: int = 3,
+    min_count: int = 0,
 ) -> dict[str, Any]:
-    """The JSON-able spec a model is rebuilt from (``cross_layers``: DCN-V2 only)."""
+    """The JSON-able spec a model is rebuilt from (``cross_layers``: DCN-V2 only; ``min_count``:
+    frequency admission of the embedding vectors, see :class:`HashedEmbedding`; 0 = off)."""
     if kind not in MODELS:
         raise ValueError(f"model_spec: unknown model {kind!r}; known: {sorted(MODELS)}")
     spec: dict[str, Any] = {
@@ -172,6 +262,8 @@ def model_spec(
         "embedding_dim": embedding_dim,
         "hidden": [int(h) for h in hidden],
     }
+    if min_count > 0 and kind != "lr":
+        spec["min_count"] = int(min_count)
     if kind == "dcnv2":
         spec["cross_layers"] = int(cross_layers)
     return spec

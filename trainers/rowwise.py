@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["RowwiseAdam", "merge_rows"]
+__all__ = ["LinearAdagrad", "RowwiseAdagrad", "RowwiseAdam", "merge_rows"]
 
 
 def merge_rows(ids: Tensor, grads: Tensor, *, compact: bool = False) -> tuple[Tensor, Tensor]:
@@ -62,7 +62,37 @@ def merge_rows(ids: Tensor, grads: Tensor, *, compact: bool = False) -> tuple[Te
     return rows.index_select(0, fill), summed.index_select(0, fill)
 
 
-class RowwiseAdam(torch.optim.Optimizer):
+class _Rowwise(torch.optim.Optimizer):
+    """What the row-wise optimizers share: :attr:`compact` (see :func:`merge_rows`), kept by pickling."""
+
+    compact: bool | None = None  # None: compact when the parameter is on the CPU
+
+    # Optimizer pickles (and deep-copies: TorchLearner.clone) only defaults, state and groups.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "compact": self.compact}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        compact = state.pop("compact", None)
+        super().__setstate__(state)
+        self.compact = compact
+
+    def _rows(self, p: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The distinct rows of ``p``'s sparse gradient and their summed gradients; None if none."""
+        grad = p.grad
+        if grad is None:
+            return None
+        if not grad.is_sparse:
+            raise RuntimeError(f"{type(self).__name__}: expects sparse gradients (nn.Embedding(sparse=True))")
+        # The embedding backward leaves one (id, gradient row) per lookup: not coalesced.
+        ids = grad._indices()[0]
+        if ids.numel() == 0:
+            return None
+        compact = p.device.type == "cpu" if self.compact is None else self.compact
+        return merge_rows(ids, grad._values().reshape(ids.numel(), -1), compact=compact)
+
+
+class RowwiseAdam(_Rowwise):
     """Lazy Adam on sparse-gradient parameters (``nn.Embedding(sparse=True)`` tables), row by row.
 
     A drop-in for ``torch.optim.SparseAdam`` (same defaults, same update, same state layout).
@@ -80,17 +110,7 @@ class RowwiseAdam(torch.optim.Optimizer):
         if lr <= 0.0 or eps <= 0.0 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"RowwiseAdam: invalid lr={lr}, betas={betas} or eps={eps}")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
-        self.compact: bool | None = None  # None: compact when the parameter is on the CPU
-
-    # Optimizer pickles (and deep-copies: TorchLearner.clone) only defaults, state and groups.
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "compact": self.compact}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        compact = state.pop("compact", None)
-        super().__setstate__(state)
-        self.compact = compact
+        self.compact = None
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -102,25 +122,17 @@ class RowwiseAdam(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                merged = self._rows(p)
+                if merged is None:
                     continue
-                grad = p.grad
-                if not grad.is_sparse:
-                    raise RuntimeError("RowwiseAdam: expects sparse gradients (nn.Embedding(sparse=True))")
+                rows, g = merged
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                # The embedding backward leaves one (id, gradient row) per lookup: not coalesced.
-                ids = grad._indices()[0]
-                values = grad._values()
-                if ids.numel() == 0:
-                    continue
                 state["step"] += 1
                 step = state["step"]
-                compact = p.device.type == "cpu" if self.compact is None else self.compact
-                rows, g = merge_rows(ids, values.reshape(ids.numel(), -1), compact=compact)
                 m = state["exp_avg"].index_select(0, rows).lerp_(g, 1.0 - beta1)
                 v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
                 state["exp_avg"].index_copy_(0, rows, m)
@@ -128,4 +140,98 @@ class RowwiseAdam(torch.optim.Optimizer):
                 step_size = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
                 new = p.index_select(0, rows).addcdiv_(m, v.sqrt_().add_(group["eps"]), value=-step_size)
                 p.index_copy_(0, rows, new)
+        return loss
+
+
+class RowwiseAdagrad(_Rowwise):
+    """Per-coordinate AdaGrad on sparse-gradient tables, in FTRL's rate form, row by row.
+
+    Each coordinate keeps ``n``, the sum of its squared gradients, and moves by
+    ``-lr * g / (beta + sqrt(n))`` (``n`` counting this step's ``g``): the per-coordinate rate of
+    FTRL-Proximal (McMahan et al. 2013) and of the wide part of Wide & Deep. A row seen once moves by
+    at most ``lr * |g| / (beta + |g|)``, a frequent row's rate decays as ``1 / sqrt(n)``: rare hashed
+    ids cannot overfit one click and popular ones settle, which is what per-coordinate rates buy on
+    sparse CTR data (He et al. 2014). Gradients should be per-example sums (the learner scales the
+    batch's mean loss by the batch size), as in FTRL. Only the rows a batch used are touched
+    (:func:`merge_rows`), so a step costs O(batch) whatever the table's size.
+
+    >>> table = torch.nn.Embedding(4, 1, sparse=True)
+    >>> torch.nn.init.zeros_(table.weight)
+    Parameter containing:
+    tensor([[0.],
+            [0.],
+            [0.],
+            [0.]], requires_grad=True)
+    >>> opt = RowwiseAdagrad([table.weight], lr=0.1, beta=1.0)
+    >>> table(torch.tensor([1])).sum().backward()  # g = 1: n = 1, step = 0.1 * 1 / (1 + 1)
+    >>> opt.step()
+    >>> [round(x, 4) for x in table.weight.detach()[:2, 0].tolist()]
+    [0.0, -0.05]
+    """
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0) -> None:
+        if lr <= 0.0 or beta <= 0.0:
+            raise ValueError(f"RowwiseAdagrad: lr and beta must be > 0, got lr={lr}, beta={beta}")
+        super().__init__(params, {"lr": lr, "beta": beta})
+        self.compact = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Update the rows each parameter's sparse gradient names."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                merged = self._rows(p)
+                if merged is None:
+                    continue
+                rows, g = merged
+                state = self.state[p]
+                if not state:
+                    state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                n = state["sum_sq"].index_select(0, rows).addcmul_(g, g)
+                state["sum_sq"].index_copy_(0, rows, n)
+                new = p.index_select(0, rows).addcdiv_(g, n.sqrt_().add_(group["beta"]), value=-group["lr"])
+                p.index_copy_(0, rows, new)
+        return loss
+
+
+class LinearAdagrad(torch.optim.Optimizer):
+    """:class:`RowwiseAdagrad`'s rates for dense parameters: the wide part's dense-input weights and
+    the output bias, so every coordinate of the linear part learns at FTRL's per-coordinate rates.
+
+    ``p -= lr * g / (beta + sqrt(n))`` with ``n`` the sum of ``g**2``. Written here rather than
+    ``torch.optim.Adagrad`` because that one's step reads its step counter back to the host
+    (``.item()``), a device sync per step on a GPU, and has no ``beta`` smoothing.
+
+    >>> w = torch.nn.Parameter(torch.zeros(2))
+    >>> opt = LinearAdagrad([w], lr=0.1, beta=1.0)
+    >>> w.grad = torch.tensor([1.0, -3.0])
+    >>> opt.step()
+    >>> [round(x, 4) for x in w.detach().tolist()]
+    [-0.05, 0.075]
+    """
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0) -> None:
+        if lr <= 0.0 or beta <= 0.0:
+            raise ValueError(f"LinearAdagrad: lr and beta must be > 0, got lr={lr}, beta={beta}")
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                n = state["sum_sq"].addcmul_(p.grad, p.grad)
+                p.addcdiv_(p.grad, n.sqrt().add_(group["beta"]), value=-group["lr"])
         return loss

@@ -20,9 +20,10 @@ import dataclasses
 from dataclasses import field
 from typing import Any
 
-from pydantic import SecretStr, field_validator
+from pydantic import SecretStr
 from pydantic.dataclasses import dataclass
 
+from pipeline.core.config_kafka import KafkaConfig
 from pipeline.core.config_types import (
     CHECKED,
     Compression,
@@ -37,8 +38,10 @@ from pipeline.core.config_types import (
     OpenShare,
     Port,
     Positive,
+    RowOptimizer,
     SaslMechanism,
     Seconds,
+    Section,
     SecurityProtocol,
     Share,
     masked,
@@ -68,16 +71,8 @@ __all__ = [
 ]
 
 
-class _Section:
-    """What every section shares: a repr with secrets and URL passwords masked."""
-
-    def __repr__(self) -> str:
-        shown = (f"{f.name}={masked(getattr(self, f.name))!r}" for f in dataclasses.fields(self))  # type: ignore[arg-type]
-        return f"{type(self).__name__}({', '.join(shown)})"
-
-
 @dataclass(config=CHECKED, repr=False)
-class ValidationConfig(_Section):
+class ValidationConfig(Section):
     max_event_bytes: Count = 65_536  # a raw event larger than this is a dead letter
     max_features: Count = 64  # most categorical / dense entries an impression may carry
     max_value_chars: Count = 256  # longest categorical feature value
@@ -90,7 +85,7 @@ class ValidationConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class JoinerConfig(_Section):
+class JoinerConfig(Section):
     attribution_window_s: Seconds = 900.0  # a click counts if it comes within this of its impression
     watermark_lag_s: Seconds = 60.0  # watermark = max event time seen - lag (tolerated disorder)
     early_click_hold_s: Seconds = 900.0  # how long a click waits for an impression it came before
@@ -98,7 +93,7 @@ class JoinerConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class FeatureConfig(_Section):
+class FeatureConfig(Section):
     windows_s: tuple[Count, ...] = (3_600, 86_400)  # sliding windows of the streaming counters
     bucket_s: Count = 300  # granularity of the sliding windows
     ctr_prior_clicks: Positive = 1.0  # smoothed CTR = (clicks + a) / (impressions + a / prior_ctr)
@@ -111,18 +106,28 @@ class FeatureConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     model: ModelName = "deepfm"  # deepfm | dcnv2 | lr
     train_every: Count = 100_000  # labelled examples per block
     batch_size: Count = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
     batch_size_cuda: Natural = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
     hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
     embedding_dim: Count = 16
+    min_count: Natural = 0  # a hashed value gets its own embedding vector once seen this often; 0 = always
     hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2
     lr_dense: Positive = 1e-3  # Adam on the dense parameters
-    lr_sparse: Positive = 1e-2  # SparseAdam on the embedding rows
+    # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam
+    sparse_optimizer: RowOptimizer = "adagrad"  # the embedding vectors
+    lr_sparse: Positive = 0.05
+    sparse_beta: Positive = 1.0  # AdaGrad: smooths a new row's rate (FTRL's beta); Adam: unused
+    wide_optimizer: RowOptimizer = "adagrad"  # the linear part: first-order weights, dense weights, bias
+    lr_wide: Positive = 0.05
+    wide_beta: Positive = 1.0
     epochs_per_block: Count = 1
+    shuffle: bool = True  # learn a block in seeded random order; false = in event-time order
     holdout_fraction: OpenShare = 0.1  # the newest share of a block held out for the gate
+    calibrate: bool = False  # Platt-scale each candidate on its champion's progressive scores (hurt: README)
+    learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
     # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
     # labels): drift lowers AUC toward 0.5, it does not invert it. 0 turns the check off.
@@ -136,7 +141,7 @@ class TrainerConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class RegistryConfig(_Section):
+class RegistryConfig(Section):
     tracking_uri: str = ""  # empty = sqlite:///<out>/mlflow.db (embedded profile)
     artifact_root: str = ""  # empty = <out>/mlartifacts
     model_name: str = "ctr-model"
@@ -146,7 +151,7 @@ class RegistryConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class ServingConfig(_Section):
+class ServingConfig(Section):
     replicas: Count = 2  # in-process replicas (embedded profile)
     poll_interval_s: Positive = (
         1.0  # how often a replica polls its aliases (a Redis notification wakes it sooner)
@@ -170,7 +175,7 @@ class ServingConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class SimulatorConfig(_Section):
+class SimulatorConfig(Section):
     users: Count = 5_000
     items: Count = 1_000
     topics: Count = 8  # latent interest topics of the hidden click model
@@ -192,7 +197,7 @@ class SimulatorConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class BacktestConfig(_Section):
+class BacktestConfig(Section):
     # Labelled logs (Avazu, Criteo, OBD) become impressions plus clicks this much later (lognormal):
     click_delay_median_s: Positive = 30.0  # median impression -> click delay
     click_delay_sigma: NonNegative = 1.0  # lognormal shape of that delay
@@ -211,7 +216,7 @@ class BacktestConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class JsonlConfig(_Section):
+class JsonlConfig(Section):
     # Read-time renames for JSONL logs in another vocabulary (pipeline/sources/jsonl_mapping.py), as
     # "canonical=raw" pairs: "type=event_type" (the tag), "impression=imp" (a tag value), "user_id=uid".
     map: tuple[str, ...] = ()  # `--map` adds to these
@@ -219,46 +224,7 @@ class JsonlConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class KafkaConfig(_Section):
-    bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
-    impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
-    clicks_topic: str = "clicks"  # raw clicks, JSON, keyed by user id
-    examples_topic: str = "examples"  # the joiner's labelled examples
-    dead_letter_topic: str = "dead-letters"  # rejected events with a reason
-    partitions: Count = 3  # partitions of the topics ensure_topics creates (same for all: co-partitioning)
-    replication_factor: Count = 1  # replicas of the topics ensure_topics creates (3 on a real cluster)
-    group_id_prefix: str = "ctr"  # each daemon's consumer group is "<prefix>-<daemon>"
-    client_id: str = "ctr-online"  # names this client in broker logs and quotas
-    security_protocol: SecurityProtocol = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: SaslMechanism = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512; empty = no SASL
-    sasl_username: str = ""  # SASL user name (with sasl_mechanism)
-    # SASL password. Secret: set it in the environment (CTR_KAFKA_SASL_PASSWORD), never in the file.
-    sasl_password: SecretStr = SecretStr("")
-    ssl_cafile: str = ""  # CA bundle that signed the brokers' certificates; empty = the system CAs
-    connect_timeout_ms: Count = 10_000  # a client that reaches no broker fails after this
-    request_timeout_ms: Count = 30_000  # one broker request fails after this
-    delivery_timeout_ms: Count = 120_000  # a produced record not acknowledged within this fails
-    linger_ms: Natural = 5  # the producer waits this long to fill a batch (throughput vs latency)
-    producer_batch_bytes: Count = 262_144  # producer batch size per partition; bigger = faster in Python
-    compression_type: Compression = ""  # producer compression: gzip | snappy | lz4 | zstd; empty = none
-    poll_timeout_ms: Natural = 500  # longest one poll waits: the idle-batch period and stop() latency
-    max_poll_records: Count = 5_000  # most records in one consumed batch
-    max_poll_interval_ms: Count = 600_000  # a consumer that does not poll for this long leaves its group
-    # Static group membership (KIP-345): a daemon restarted with the same id gets its partitions back
-    # at once, where a new member waits until the broker expires the dead one (45 s). Unique per
-    # daemon process within its group (the systemd units use the host name); empty = dynamic member.
-    group_instance_id: str = ""
-    check_crcs: bool = True  # verify record CRCs when consuming (pure Python, slow, without crc32c)
-
-    @field_validator("security_protocol", "sasl_mechanism", mode="before")
-    @classmethod
-    def _upper(cls, value: Any) -> Any:
-        """Kafka's names are upper case; ``sasl_ssl`` has always been accepted (kafka_client_kwargs)."""
-        return value.upper() if isinstance(value, str) else value
-
-
-@dataclass(config=CHECKED, repr=False)
-class DaemonConfig(_Section):
+class DaemonConfig(Section):
     state_dir: str = "~/.cache/ctr-online/state/daemons"  # checkpoints of the joiner and the trainer
     checkpoint_every_s: Seconds = 5.0  # the joiner makes its output durable and commits this often
     # ... or less often when its state is big: checkpoints take at most this share of the joiner's time
@@ -274,7 +240,7 @@ class DaemonConfig(_Section):
 
 
 @dataclass(config=CHECKED, repr=False)
-class Config(_Section):
+class Config(Section):
     """Everything the pipeline reads. Sections map to the parts of the system."""
 
     validation: ValidationConfig = field(default_factory=ValidationConfig)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated, Any, Literal
 
@@ -26,8 +27,10 @@ __all__ = [
     "OpenShare",
     "Port",
     "Positive",
+    "RowOptimizer",
     "SaslMechanism",
     "Seconds",
+    "Section",
     "SecurityProtocol",
     "Share",
     "masked",
@@ -41,6 +44,7 @@ class ConfigError(ValueError):
 # -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
 ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
+RowOptimizer = Literal["adagrad", "adam"]  # trainers.rowwise
 FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
 LogFormat = Literal["text", "json"]  # pipeline.core.logs
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
@@ -69,3 +73,11 @@ def masked(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(masked(v) for v in value)
     return value
+
+
+class Section:
+    """What every config section shares: a repr with secrets and URL passwords masked."""
+
+    def __repr__(self) -> str:
+        shown = (f"{f.name}={masked(getattr(self, f.name))!r}" for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return f"{type(self).__name__}({', '.join(shown)})"

@@ -1,0 +1,62 @@
+"""Platt scaling of a model's logit, fitted on predictions it made before it saw the labels.
+
+A model trained on block ``k`` serves block ``k + 1``: by then users and items have moved, and its
+logits are too confident (or not confident enough) in a way that depends on the stream, not on
+the model. :func:`fit_platt` measures that from the champion's own progressive scores (logits
+made before the block was learned, i.e. at serving's staleness) on the older part of the block:
+``p = sigmoid(a * logit + b)``, maximum likelihood with a ridge pull towards the identity
+``(a, b) = (1, 0)``, so a block with few clicks moves it little. The candidate trained on that block
+carries the fit into serving; the gate's holdout is never part of it.
+
+>>> rng = np.random.default_rng(0)
+>>> z = rng.normal(-2, 1, 20_000)
+>>> y = (rng.random(20_000) < 1 / (1 + np.exp(-(0.5 * z - 1)))).astype(np.float32)
+>>> a, b = fit_platt(z, y)
+>>> round(a, 1), round(b, 1)
+(0.5, -1.0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["IDENTITY", "apply_platt", "fit_platt"]
+
+IDENTITY = (1.0, 0.0)
+_RIDGE = 5.0  # pseudo-observations pulling (a, b) to (1, 0): ~1 click's worth of evidence each
+
+
+def fit_platt(logits: np.ndarray, labels: np.ndarray, *, iterations: int = 25) -> tuple[float, float]:
+    """Newton's method for ``(a, b)`` maximising the log-likelihood of ``labels`` under
+    ``sigmoid(a * logits + b)`` minus ``_RIDGE / 2 * ((a - 1)^2 + b^2)``; identity if degenerate."""
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.float64)
+    if z.size == 0 or not np.isfinite(z).all():
+        return IDENTITY
+    a, b = IDENTITY
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(a * z + b)))
+        r = p - y
+        w = p * (1.0 - p)
+        ga = float(r @ z) + _RIDGE * (a - 1.0)
+        gb = float(r.sum()) + _RIDGE * b
+        haa = float(w @ (z * z)) + _RIDGE
+        hab = float(w @ z)
+        hbb = float(w.sum()) + _RIDGE
+        det = haa * hbb - hab * hab
+        if det <= 0.0 or not math.isfinite(det):
+            return IDENTITY
+        da = (hbb * ga - hab * gb) / det
+        db = (haa * gb - hab * ga) / det
+        a, b = a - da, b - db
+        if abs(da) < 1e-7 and abs(db) < 1e-7:
+            break
+    return (a, b) if math.isfinite(a) and math.isfinite(b) else IDENTITY
+
+
+def apply_platt(logits: np.ndarray, ab: tuple[float, float]) -> np.ndarray:
+    """``sigmoid(a * logits + b)`` as float64."""
+    a, b = ab
+    return 1.0 / (1.0 + np.exp(-(a * np.asarray(logits, dtype=np.float64) + b)))
