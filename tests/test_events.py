@@ -78,6 +78,14 @@ BAD = [
     ({**GOOD_IMP, "features": []}, "bad_type"),
     ({**GOOD_IMP, "dense": {"bid": "high"}}, "bad_type"),
     ({**GOOD_IMP, "model_version": 3}, "bad_type"),
+    ({**GOOD_IMP, "score": 1.5}, "bad_type"),
+    ({**GOOD_IMP, "score": -0.01}, "bad_type"),
+    ({**GOOD_IMP, "score": "0.3"}, "bad_type"),
+    ({**GOOD_IMP, "score": True}, "bad_type"),
+    (
+        b'{"impression_id": "i-1", "ts": 1767225599000, "user_id": "a", "item_id": "b", "score": NaN}',
+        "bad_type",
+    ),
 ]
 
 
@@ -135,6 +143,17 @@ def test_labelled_example_json_round_trip(v: Validator) -> None:
     assert isinstance(a, Impression)
     ex = LabelledExample(a, 1, NOW, {"user_ctr_1h": 0.25})
     assert LabelledExample.from_json(ex.to_json()) == ex
+
+
+@pytest.mark.parametrize("score", [0, 0.0, 0.37, 1])
+def test_served_version_and_score_are_carried_into_the_example(v: Validator, score: float) -> None:
+    a = v.impression({**GOOD_IMP, "model_version": "12", "score": score})
+    assert isinstance(a, Impression) and (a.model_version, a.score) == ("12", score)
+    assert isinstance(a.score, float)
+    back = LabelledExample.from_json(LabelledExample(a, 0, NOW).to_json()).impression
+    assert (back.model_version, back.score) == ("12", score)
+    plain = v.impression({**GOOD_IMP, "score": None})
+    assert isinstance(plain, Impression) and plain.score is None and "score" not in plain.to_dict()
 
 
 def test_skew_and_age_are_judged_against_when_the_event_entered() -> None:

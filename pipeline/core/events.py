@@ -51,7 +51,8 @@ class Impression:
     item_id: str
     features: dict[str, str] = field(default_factory=dict)
     dense: dict[str, float] = field(default_factory=dict)
-    model_version: str | None = None
+    model_version: str | None = None  # the version that served it (A/B readout)
+    score: float | None = None  # the probability that version returned for it, in [0, 1]
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Impression:
@@ -64,6 +65,7 @@ class Impression:
             d.get("features", {}),
             d.get("dense", {}),
             d.get("model_version"),
+            d.get("score"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +80,8 @@ class Impression:
             d["dense"] = self.dense
         if self.model_version is not None:
             d["model_version"] = self.model_version
+        if self.score is not None:
+            d["score"] = self.score
         return d
 
 

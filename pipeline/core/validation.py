@@ -48,7 +48,8 @@ class _Reject(Exception):
         self.detail = detail
 
 
-_IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense", "model_version"}
+_IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense"}
+_IMPRESSION_FIELDS |= {"model_version", "score"}  # optional: what served it (the A/B readout)
 _CLICK_FIELDS = {"click_id", "impression_id", "ts", "user_id"}
 
 
@@ -242,6 +243,11 @@ class Validator:
         version = obj.get("model_version")
         if version is not None and (not isinstance(version, str) or len(version) > 64):
             raise _Reject("bad_type", "'model_version' must be a string of at most 64 chars or null")
+        score = obj.get("score")
+        if score is not None and (
+            isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0
+        ):  # nan fails the range test too
+            raise _Reject("bad_type", "'score' must be a probability in [0, 1] or null")
         return Impression(
             impression_id=self._id(obj, "impression_id"),
             ts=self._ts(obj, now),
@@ -250,6 +256,7 @@ class Validator:
             features=self._features(obj),
             dense=self._dense(obj),
             model_version=version,
+            score=None if score is None else float(score),
         )
 
     def _click(self, obj: Mapping[str, Any], now: int, partition: int) -> Click:

@@ -43,6 +43,7 @@ _SYNONYMS = {
     **dict.fromkeys(("clickkey", "clkid", "clk"), "click_id"),
     **dict.fromkeys(("feats", "attributes"), "features"),
     **dict.fromkeys(("version", "modelid"), "model_version"),
+    **dict.fromkeys(("pctr", "prediction", "probability"), "score"),
 }
 _KEY = re.compile(r'"([^"\\]{1,64})"\s*:')
 _UNREAD = ("too_large", "bad_encoding", "bad_json", "not_an_object")  # no keys to learn from

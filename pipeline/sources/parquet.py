@@ -104,6 +104,7 @@ def write_parquet(stream: Iterable[tuple[EventKind, Mapping[str, Any]]], path: s
             ("features", pa.map_(pa.string(), pa.string())),
             ("dense", pa.map_(pa.string(), pa.float64())),
             ("model_version", pa.string()),
+            ("score", pa.float64()),
         ]
     )
     cols = {name: [r.get(name) for r in rows] for name in schema.names}
