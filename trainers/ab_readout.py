@@ -212,6 +212,7 @@ class ABReadout:
         self.max_versions = max_versions
         self.arms: dict[str, ArmStats] = {}  # insertion order = least recently updated first
         self.unattributed = 0  # examples whose impression named no model version
+        self.updated: set[str] = set()  # arms changed since a publisher last cleared them
         self._buf: list[tuple[str, int, float]] = []
 
     def add(self, version: str | None, label: int, score: float | None) -> None:
@@ -236,8 +237,10 @@ class ABReadout:
             arm = self.arms.pop(version, None) or ArmStats()
             arm.add_many(labels[mask], scores[mask])
             self.arms[version] = arm  # now the most recently updated
+            self.updated.add(version)
         while len(self.arms) > self.max_versions:
-            del self.arms[next(iter(self.arms))]
+            self.updated.discard(dropped := next(iter(self.arms)))
+            del self.arms[dropped]
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Version -> :meth:`ArmStats.summary`."""
@@ -253,6 +256,7 @@ class ABReadout:
         r = ABReadout(max_versions)
         r.unattributed = int(d.get("unattributed", 0))
         r.arms = {v: ArmStats.from_dict(a) for v, a in d.get("arms", {}).items()}
+        r.updated = set(r.arms)  # a publish may have failed before the checkpoint: publish them all again
         return r
 
 

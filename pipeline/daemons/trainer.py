@@ -44,6 +44,8 @@ from pipeline.join.example_merge import ExampleMerge
 from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaExampleSource
 from serving_bridge.server import NOTIFY_CHANNEL
+from trainers.ab_publish import publish_quietly
+from trainers.ab_readout import ABReadout
 from trainers.alias_guard import move_alias_unless_moved
 from trainers.incremental import IncrementalTrainer
 from trainers.learner import TorchLearner
@@ -82,6 +84,7 @@ class TrainerDaemon:
         self._closing_pos: dict[str, int] = {}
         self.block_closed_at = 0.0  # wall time the last block's last example was read
         self.seen: dict[str, int] = meta.get("seen", {})
+        self.ab = ABReadout.from_dict(meta.get("ab", {}))  # per served version, checkpointed with the offsets
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
         self.source = KafkaExampleSource(
             k, group_id=f"{k.group_id_prefix}-trainer", on_revoke=self._on_revoke
@@ -105,6 +108,7 @@ class TrainerDaemon:
             "seen": self.seen,
             "blocks": self.trainer.blocks,
             "champion_version": self.trainer.champion_version,
+            "ab": self.ab.to_dict(),
             **extra,
         }
 
@@ -183,6 +187,7 @@ class TrainerDaemon:
                         continue
                     self.seen[ex.example_id] = ex.impression.ts
                     self.counters["examples"] += 1
+                    self.ab.add(ex.impression.model_version, ex.label, ex.impression.score)
                     fresh.append(ex)
                     if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
@@ -252,6 +257,7 @@ class TrainerDaemon:
             report.decision.reason,
         )
         self._block_metrics(report)
+        publish_quietly(self.store.inner, self.ab, report.index)  # on each served version's run
         logs.set_context(version=self.trainer.champion_version, offsets=dict(self.pos))
         systemd.status(
             f"trainer: block {report.index} {'accepted' if report.decision.accepted else 'refused'}; "

@@ -5,6 +5,7 @@ ctr simulate   write a simulated impression/click stream to a JSONL file
 ctr backtest   replay a log at full speed on the daemons' engine, compare online vs static vs FTRL
 ctr produce    publish the simulated stream, or --source LOG, to Kafka for the daemons
 ctr status     services, lag, throughput, models and replicas on one screen (--json)
+ctr ab         live A/B readout: CTR, AUC, NE, calibration per served version, with CIs (pipeline/ops/ab.py)
 ctr config     print the effective configuration (defaults < --config file < CTR_* environment)
 ctr rollback   move the champion alias to an older version, with who/when/why (serving_bridge/rollback.py)
 ctr versions   versions, aliases, block metrics and rollback tags
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--blocks", type=int, default=5, help="how many recent versions to show")
 
     sub.add_parser("config", help="print the effective configuration as JSON")
+    from pipeline.ops import ab
+
+    ab.add_arguments(sub)
     _deploy_parser(sub)
     from serving_bridge.rollback_cli import add_arguments as rollback_arguments
 
@@ -214,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "deploy":
         return _deploy(args)
+    if args.command == "ab":
+        from pipeline.ops import ab
+
+        return ab.run(cfg, args)
     if args.command in ("rollback", "versions"):
         from serving_bridge import rollback_cli
 
