@@ -204,3 +204,28 @@ def test_train_benchmark_quick_run_writes_its_json(tmp_path):
         assert r["examples_per_s"] > 0 and r["reference_examples_per_s"] > 0
         ratio = r["examples_per_s"] / r["reference_examples_per_s"]
         assert r["speedup_vs_reference"] == pytest.approx(ratio, rel=0.02, abs=0.01)
+
+
+def test_ftrl_wide_part_keeps_values_seen_too_little_at_zero():
+    """wide_optimizer="ftrl": FTRL-Proximal's L1 leaves a value's first-order weight at exactly 0
+    until its gradients add up past l1, and the learner still learns the frequent values."""
+    enc = Encoder.from_spec(
+        {
+            "version": 1,
+            "hash": "blake2b64",
+            "hash_buckets": 1 << 12,
+            "fields": ["a", "b", "c", "d"],
+            "dense_keys": ["x", "y"],
+            "stream_keys": [],
+        }
+    )
+    cfg = TrainerConfig(
+        hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=64, device="cpu", wide_optimizer="ftrl"
+    )
+    learner = TorchLearner(cfg, enc)
+    block = _block(2048, rows=64)  # frequent values: each of 64 rows ~128 times
+    block.ids[0, 0] = 4000  # one value seen once
+    learner.learn(block)
+    wide = learner.model.wide.table.weight.detach()[:, 0]
+    assert float(wide[4000]) == 0.0
+    assert int((wide[:64] != 0).sum()) > 0

@@ -43,7 +43,7 @@ from pipeline.core.events import Impression, LabelledExample
 from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.models import HashedEmbedding, build_model, model_spec
-from trainers.rowwise import LinearAdagrad, RowwiseAdagrad, RowwiseAdam
+from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 
 __all__ = [
     "FORMAT",
@@ -148,14 +148,20 @@ def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
     ]
     taken |= {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in taken]
-    adagrad = cfg.wide_optimizer == "adagrad"
+    ftrl = {"lr": cfg.lr_wide, "beta": cfg.wide_beta, "l1": cfg.wide_l1, "l2": cfg.wide_l2}
+    linear_opt: torch.optim.Optimizer | None = None
+    if linear:
+        linear_opt = (
+            LinearFtrl(linear, **ftrl)
+            if cfg.wide_optimizer == "ftrl"
+            else LinearAdagrad(linear, lr=cfg.lr_wide, beta=cfg.wide_beta)
+            if cfg.wide_optimizer == "adagrad"
+            else torch.optim.Adam(linear, lr=cfg.lr_dense)
+        )
+    wide_opt = RowwiseFtrl(wide, **ftrl) if wide and cfg.wide_optimizer == "ftrl" else None
     return (
-        _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta),
-        None
-        if not linear
-        else LinearAdagrad(linear, lr=cfg.lr_wide, beta=cfg.wide_beta)
-        if adagrad
-        else torch.optim.Adam(linear, lr=cfg.lr_dense),
+        wide_opt or _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta),
+        linear_opt,
         _rowwise(cfg.sparse_optimizer, sparse, cfg.lr_sparse, cfg.sparse_beta),
         # fused: one kernel for all dense tensors and its step counters stay on the device
         # (the default loop reads each counter back with .item() every step).

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["LinearAdagrad", "RowwiseAdagrad", "RowwiseAdam", "merge_rows"]
+__all__ = ["LinearAdagrad", "LinearFtrl", "RowwiseAdagrad", "RowwiseAdam", "RowwiseFtrl", "merge_rows"]
 
 
 def merge_rows(ids: Tensor, grads: Tensor, *, compact: bool = False) -> tuple[Tensor, Tensor]:
@@ -234,4 +234,109 @@ class LinearAdagrad(torch.optim.Optimizer):
                     state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 n = state["sum_sq"].addcmul_(p.grad, p.grad)
                 p.addcdiv_(p.grad, n.sqrt().add_(group["beta"]), value=-group["lr"])
+        return loss
+
+
+def _ftrl_weights(z: Tensor, n: Tensor, group: dict[str, Any]) -> Tensor:
+    """FTRL-Proximal's closed-form weight: 0 while ``|z| <= l1``, else the proximal step."""
+    alpha, beta, l1, l2 = group["lr"], group["beta"], group["l1"], group["l2"]
+    shrunk = z - z.sign() * l1
+    w = -shrunk / ((n.sqrt() + beta) / alpha + l2)
+    return torch.where(z.abs() <= l1, torch.zeros_like(w), w)
+
+
+def _ftrl_start(p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+    """``n = 0`` and the ``z`` whose closed-form weight is ``p`` (0 for a fresh table; the base
+    rate for a bias set before the first step): ``z = -w (beta / lr + l2) - sign(w) l1``."""
+    w = p.detach()
+    z = -w * (group["beta"] / group["lr"] + group["l2"]) - w.sign() * group["l1"]
+    return {"n": torch.zeros_like(p, memory_format=torch.preserve_format), "z": z.clone()}
+
+
+class RowwiseFtrl(_Rowwise):
+    """FTRL-Proximal (McMahan et al. 2013) on sparse-gradient tables: online logistic regression's
+    optimizer for the model's first-order weights, with its L1 (a value keeps weight 0 until its
+    gradients add up to more than ``l1``: rare values stay neutral) and L2.
+
+    Per coordinate: ``sigma = (sqrt(n + g^2) - sqrt(n)) / lr``, ``z += g - sigma * w``,
+    ``n += g^2``, then ``w`` from the closed form. Only the rows a batch used are touched.
+
+    >>> table = torch.nn.Embedding(3, 1, sparse=True)
+    >>> _ = torch.nn.init.zeros_(table.weight)
+    >>> opt = RowwiseFtrl([table.weight], lr=0.1, beta=1.0, l1=1.0, l2=1.0)
+    >>> (table(torch.tensor([1])) * 0.5).sum().backward()  # |z| = 0.5 <= l1: still 0
+    >>> opt.step()
+    >>> float(table.weight.detach()[1, 0])
+    0.0
+    >>> opt.zero_grad(); (table(torch.tensor([1])) * 2.0).sum().backward(); opt.step()
+    >>> round(float(table.weight.detach()[1, 0]), 3)  # z = 2.5, n = 4.25: -1.5 / (30.6 + 1)
+    -0.047
+    """
+
+    def __init__(
+        self, params: Iterable[Tensor], lr: float = 0.1, beta: float = 1.0, l1: float = 1.0, l2: float = 1.0
+    ) -> None:
+        if lr <= 0.0 or beta < 0.0 or l1 < 0.0 or l2 < 0.0:
+            raise ValueError(f"RowwiseFtrl: invalid lr={lr}, beta={beta}, l1={l1} or l2={l2}")
+        super().__init__(params, {"lr": lr, "beta": beta, "l1": l1, "l2": l2})
+        self.compact = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                merged = self._rows(p)
+                if merged is None:
+                    continue
+                rows, g = merged
+                state = self.state[p]
+                if not state:
+                    state.update(_ftrl_start(p, group))
+                n, z = state["n"].index_select(0, rows), state["z"].index_select(0, rows)
+                w = p.index_select(0, rows)
+                n_new = n + g * g
+                z += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * w
+                state["n"].index_copy_(0, rows, n_new)
+                state["z"].index_copy_(0, rows, z)
+                p.index_copy_(0, rows, _ftrl_weights(z, n_new, group))
+        return loss
+
+
+class LinearFtrl(torch.optim.Optimizer):
+    """:class:`RowwiseFtrl` for dense parameters (the dense inputs' weights and the output bias),
+    each element a coordinate, as the FTRL baseline treats its dense inputs and its bias."""
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.1,
+        beta: float = 1.0,
+        l1: float = 1.0,
+        l2: float = 1.0,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta, "l1": l1, "l2": l2})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(_ftrl_start(p, group))
+                g = p.grad
+                n = state["n"]
+                n_new = n + g * g
+                state["z"] += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * p
+                state["n"] = n_new
+                p.copy_(_ftrl_weights(state["z"], n_new, group))
         return loss

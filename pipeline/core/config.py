@@ -123,6 +123,8 @@ class TrainerConfig(Section):
     wide_optimizer: RowOptimizer = "adagrad"  # the linear part: first-order weights, dense weights, bias
     lr_wide: Positive = 0.05
     wide_beta: Positive = 1.0
+    wide_l1: NonNegative = 1.0  # ftrl: L1 of the linear part (a value stays at 0 until |z| > l1)
+    wide_l2: NonNegative = 1.0  # ftrl: L2 of the linear part
     epochs_per_block: Count = 1
     shuffle: bool = True  # learn a block in seeded random order; false = in event-time order
     holdout_fraction: OpenShare = 0.1  # the newest share of a block held out for the gate

@@ -44,7 +44,7 @@ class ConfigError(ValueError):
 # -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
 ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
-RowOptimizer = Literal["adagrad", "adam"]  # trainers.rowwise
+RowOptimizer = Literal["adagrad", "adam", "ftrl"]  # trainers.rowwise
 FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
 LogFormat = Literal["text", "json"]  # pipeline.core.logs
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
