@@ -229,3 +229,22 @@ def test_ftrl_wide_part_keeps_values_seen_too_little_at_zero():
     wide = learner.model.wide.table.weight.detach()[:, 0]
     assert float(wide[4000]) == 0.0
     assert int((wide[:64] != 0).sum()) > 0
+
+
+def test_adagrad_decay_keeps_a_frequent_rows_rate_from_vanishing():
+    """decay < 1: the sum of squared gradients forgets, so after many steps the same gradient
+    still moves the row by more than undecayed AdaGrad would (an always-on stream keeps learning)."""
+    steps = []
+    for decay in (1.0, 0.9):
+        table = torch.nn.Embedding(2, 1, sparse=True)
+        torch.nn.init.zeros_(table.weight)
+        opt = RowwiseAdagrad(table.parameters(), lr=0.1, beta=1.0, decay=decay)
+        for _ in range(200):
+            _step(table, opt, torch.tensor([[1]]), torch.ones(1, 1, 1))
+        before = float(table.weight.detach()[1, 0])
+        _step(table, opt, torch.tensor([[1]]), torch.ones(1, 1, 1))
+        steps.append(before - float(table.weight.detach()[1, 0]))
+    undecayed, decayed = steps
+    assert decayed > 2 * undecayed > 0
+    with pytest.raises(ValueError, match="decay"):
+        RowwiseAdagrad(torch.nn.Embedding(2, 1, sparse=True).parameters(), decay=0.0)

@@ -154,27 +154,29 @@ def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
         linear_opt = (
             LinearFtrl(linear, **ftrl)
             if cfg.wide_optimizer == "ftrl"
-            else LinearAdagrad(linear, lr=cfg.lr_wide, beta=cfg.wide_beta)
+            else LinearAdagrad(linear, lr=cfg.lr_wide, beta=cfg.wide_beta, decay=cfg.adagrad_decay)
             if cfg.wide_optimizer == "adagrad"
             else torch.optim.Adam(linear, lr=cfg.lr_dense)
         )
     wide_opt = RowwiseFtrl(wide, **ftrl) if wide and cfg.wide_optimizer == "ftrl" else None
     return (
-        wide_opt or _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta),
+        wide_opt or _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta, cfg.adagrad_decay),
         linear_opt,
-        _rowwise(cfg.sparse_optimizer, sparse, cfg.lr_sparse, cfg.sparse_beta),
+        _rowwise(cfg.sparse_optimizer, sparse, cfg.lr_sparse, cfg.sparse_beta, cfg.adagrad_decay),
         # fused: one kernel for all dense tensors and its step counters stay on the device
         # (the default loop reads each counter back with .item() every step).
         torch.optim.Adam(dense, lr=cfg.lr_dense, fused=True) if dense else None,
     )
 
 
-def _rowwise(kind: str, params: list[nn.Parameter], lr: float, beta: float) -> torch.optim.Optimizer | None:
+def _rowwise(
+    kind: str, params: list[nn.Parameter], lr: float, beta: float, decay: float
+) -> torch.optim.Optimizer | None:
     """The row-wise optimizer of one group of hashed tables (None for no tables)."""
     if not params:
         return None
     if kind == "adagrad":
-        return RowwiseAdagrad(params, lr=lr, beta=beta)
+        return RowwiseAdagrad(params, lr=lr, beta=beta, decay=decay)
     return RowwiseAdam(params, lr=lr)
 
 

@@ -169,10 +169,12 @@ class RowwiseAdagrad(_Rowwise):
     [0.0, -0.05]
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0) -> None:
-        if lr <= 0.0 or beta <= 0.0:
-            raise ValueError(f"RowwiseAdagrad: lr and beta must be > 0, got lr={lr}, beta={beta}")
-        super().__init__(params, {"lr": lr, "beta": beta})
+    def __init__(
+        self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0, decay: float = 1.0
+    ) -> None:
+        if lr <= 0.0 or beta <= 0.0 or not 0.0 < decay <= 1.0:
+            raise ValueError(f"RowwiseAdagrad: need lr, beta > 0 and 0 < decay <= 1: {lr}, {beta}, {decay}")
+        super().__init__(params, {"lr": lr, "beta": beta, "decay": decay})
         self.compact = None
 
     @torch.no_grad()
@@ -191,7 +193,9 @@ class RowwiseAdagrad(_Rowwise):
                 state = self.state[p]
                 if not state:
                     state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                n = state["sum_sq"].index_select(0, rows).addcmul_(g, g)
+                # decay < 1: a row's sum forgets (once per step that touches it), so the rate of a
+                # frequent row settles instead of going to 0 on an always-on stream
+                n = state["sum_sq"].index_select(0, rows).mul_(group.get("decay", 1.0)).addcmul_(g, g)
                 state["sum_sq"].index_copy_(0, rows, n)
                 new = p.index_select(0, rows).addcdiv_(g, n.sqrt_().add_(group["beta"]), value=-group["lr"])
                 p.index_copy_(0, rows, new)
@@ -214,10 +218,12 @@ class LinearAdagrad(torch.optim.Optimizer):
     [-0.05, 0.075]
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0) -> None:
-        if lr <= 0.0 or beta <= 0.0:
-            raise ValueError(f"LinearAdagrad: lr and beta must be > 0, got lr={lr}, beta={beta}")
-        super().__init__(params, {"lr": lr, "beta": beta})
+    def __init__(
+        self, params: Iterable[Tensor], lr: float = 0.05, beta: float = 1.0, decay: float = 1.0
+    ) -> None:
+        if lr <= 0.0 or beta <= 0.0 or not 0.0 < decay <= 1.0:
+            raise ValueError(f"LinearAdagrad: need lr, beta > 0 and 0 < decay <= 1: {lr}, {beta}, {decay}")
+        super().__init__(params, {"lr": lr, "beta": beta, "decay": decay})
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -232,7 +238,7 @@ class LinearAdagrad(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                n = state["sum_sq"].addcmul_(p.grad, p.grad)
+                n = state["sum_sq"].mul_(group.get("decay", 1.0)).addcmul_(p.grad, p.grad)
                 p.addcdiv_(p.grad, n.sqrt().add_(group["beta"]), value=-group["lr"])
         return loss
 

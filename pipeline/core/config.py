@@ -123,6 +123,7 @@ class TrainerConfig(Section):
     wide_optimizer: RowOptimizer = "adagrad"  # the linear part: first-order weights, dense weights, bias
     lr_wide: Positive = 0.05
     wide_beta: Positive = 1.0
+    adagrad_decay: Share = 1.0  # AdaGrad sums forget at this rate per step a row is used; 1 = never
     wide_l1: NonNegative = 1.0  # ftrl: L1 of the linear part (a value stays at 0 until |z| > l1)
     wide_l2: NonNegative = 1.0  # ftrl: L2 of the linear part
     epochs_per_block: Count = 1
