@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,7 +147,7 @@ def _block(n: int, fields: int = 4, rows: int = 1 << 12) -> EncodedBatch:
     return EncodedBatch(ids, dense, (rng.random(n) < 0.3).astype(np.float32))
 
 
-def _learner(sparse_optimizer: str = "adam") -> TorchLearner:
+def _learner(sparse_optimizer: str = "adam", **config: Any) -> TorchLearner:
     enc = Encoder.from_spec(
         {
             "version": 1,
@@ -164,6 +165,7 @@ def _learner(sparse_optimizer: str = "adam") -> TorchLearner:
         batch_size=64,
         device="cpu",
         sparse_optimizer=sparse_optimizer,  # type: ignore[arg-type]
+        **config,
     )
     return TorchLearner(cfg, enc)
 
@@ -209,20 +211,7 @@ def test_train_benchmark_quick_run_writes_its_json(tmp_path):
 def test_ftrl_wide_part_keeps_values_seen_too_little_at_zero():
     """wide_optimizer="ftrl": FTRL-Proximal's L1 leaves a value's first-order weight at exactly 0
     until its gradients add up past l1, and the learner still learns the frequent values."""
-    enc = Encoder.from_spec(
-        {
-            "version": 1,
-            "hash": "blake2b64",
-            "hash_buckets": 1 << 12,
-            "fields": ["a", "b", "c", "d"],
-            "dense_keys": ["x", "y"],
-            "stream_keys": [],
-        }
-    )
-    cfg = TrainerConfig(
-        hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=64, device="cpu", wide_optimizer="ftrl"
-    )
-    learner = TorchLearner(cfg, enc)
+    learner = _learner("adagrad", wide_optimizer="ftrl")
     block = _block(2048, rows=64)  # frequent values: each of 64 rows ~128 times
     block.ids[0, 0] = 4000  # one value seen once
     learner.learn(block)

@@ -62,8 +62,28 @@ def merge_rows(ids: Tensor, grads: Tensor, *, compact: bool = False) -> tuple[Te
     return rows.index_select(0, fill), summed.index_select(0, fill)
 
 
-class _Rowwise(torch.optim.Optimizer):
-    """What the row-wise optimizers share: :attr:`compact` (see :func:`merge_rows`), kept by pickling."""
+class _PerParameter(torch.optim.Optimizer):
+    """The step every optimizer here shares: :meth:`_update` once per parameter with a gradient."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad, group, self.state[p])
+        return loss
+
+    def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class _Rowwise(_PerParameter):
+    """What the row-wise optimizers share: :attr:`compact` (see :func:`merge_rows`), kept by pickling,
+    and :meth:`_update_rows` on the distinct rows a sparse gradient names."""
 
     compact: bool | None = None  # None: compact when the parameter is on the CPU
 
@@ -91,6 +111,16 @@ class _Rowwise(torch.optim.Optimizer):
         compact = p.device.type == "cpu" if self.compact is None else self.compact
         return merge_rows(ids, grad._values().reshape(ids.numel(), -1), compact=compact)
 
+    def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        merged = self._rows(p)
+        if merged is not None:
+            self._update_rows(p, *merged, group, state)
+
+    def _update_rows(
+        self, p: Tensor, rows: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
+        raise NotImplementedError
+
 
 class RowwiseAdam(_Rowwise):
     """Lazy Adam on sparse-gradient parameters (``nn.Embedding(sparse=True)`` tables), row by row.
@@ -112,35 +142,23 @@ class RowwiseAdam(_Rowwise):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
         self.compact = None
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Update the rows each parameter's sparse gradient names (see the module docstring)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                merged = self._rows(p)
-                if merged is None:
-                    continue
-                rows, g = merged
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = state["step"]
-                m = state["exp_avg"].index_select(0, rows).lerp_(g, 1.0 - beta1)
-                v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-                state["exp_avg"].index_copy_(0, rows, m)
-                state["exp_avg_sq"].index_copy_(0, rows, v)
-                step_size = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-                new = p.index_select(0, rows).addcdiv_(m, v.sqrt_().add_(group["eps"]), value=-step_size)
-                p.index_copy_(0, rows, new)
-        return loss
+    def _update_rows(
+        self, p: Tensor, rows: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
+        beta1, beta2 = group["betas"]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        step = state["step"]
+        m = state["exp_avg"].index_select(0, rows).lerp_(g, 1.0 - beta1)
+        v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        state["exp_avg"].index_copy_(0, rows, m)
+        state["exp_avg_sq"].index_copy_(0, rows, v)
+        step_size = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        new = p.index_select(0, rows).addcdiv_(m, v.sqrt_().add_(group["eps"]), value=-step_size)
+        p.index_copy_(0, rows, new)
 
 
 class RowwiseAdagrad(_Rowwise):
@@ -177,32 +195,20 @@ class RowwiseAdagrad(_Rowwise):
         super().__init__(params, {"lr": lr, "beta": beta, "decay": decay})
         self.compact = None
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Update the rows each parameter's sparse gradient names."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                merged = self._rows(p)
-                if merged is None:
-                    continue
-                rows, g = merged
-                state = self.state[p]
-                if not state:
-                    state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                # decay < 1: a row's sum forgets (once per step that touches it), so the rate of a
-                # frequent row settles instead of going to 0 on an always-on stream
-                n = state["sum_sq"].index_select(0, rows).mul_(group.get("decay", 1.0)).addcmul_(g, g)
-                state["sum_sq"].index_copy_(0, rows, n)
-                new = p.index_select(0, rows).addcdiv_(g, n.sqrt_().add_(group["beta"]), value=-group["lr"])
-                p.index_copy_(0, rows, new)
-        return loss
+    def _update_rows(
+        self, p: Tensor, rows: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
+        if not state:
+            state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        # decay < 1: a row's sum forgets (once per step that touches it), so the rate of a
+        # frequent row settles instead of going to 0 on an always-on stream
+        n = state["sum_sq"].index_select(0, rows).mul_(group.get("decay", 1.0)).addcmul_(g, g)
+        state["sum_sq"].index_copy_(0, rows, n)
+        new = p.index_select(0, rows).addcdiv_(g, n.sqrt_().add_(group["beta"]), value=-group["lr"])
+        p.index_copy_(0, rows, new)
 
 
-class LinearAdagrad(torch.optim.Optimizer):
+class LinearAdagrad(_PerParameter):
     """:class:`RowwiseAdagrad`'s rates for dense parameters: the wide part's dense-input weights and
     the output bias, so every coordinate of the linear part learns at FTRL's per-coordinate rates.
 
@@ -225,22 +231,11 @@ class LinearAdagrad(torch.optim.Optimizer):
             raise ValueError(f"LinearAdagrad: need lr, beta > 0 and 0 < decay <= 1: {lr}, {beta}, {decay}")
         super().__init__(params, {"lr": lr, "beta": beta, "decay": decay})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                n = state["sum_sq"].mul_(group.get("decay", 1.0)).addcmul_(p.grad, p.grad)
-                p.addcdiv_(p.grad, n.sqrt().add_(group["beta"]), value=-group["lr"])
-        return loss
+    def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        if not state:
+            state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        n = state["sum_sq"].mul_(group.get("decay", 1.0)).addcmul_(grad, grad)
+        p.addcdiv_(grad, n.sqrt().add_(group["beta"]), value=-group["lr"])
 
 
 def _ftrl_weights(z: Tensor, n: Tensor, group: dict[str, Any]) -> Tensor:
@@ -287,32 +282,20 @@ class RowwiseFtrl(_Rowwise):
         super().__init__(params, {"lr": lr, "beta": beta, "l1": l1, "l2": l2})
         self.compact = None
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                merged = self._rows(p)
-                if merged is None:
-                    continue
-                rows, g = merged
-                state = self.state[p]
-                if not state:
-                    state.update(_ftrl_start(p, group))
-                n, z = state["n"].index_select(0, rows), state["z"].index_select(0, rows)
-                w = p.index_select(0, rows)
-                n_new = n + g * g
-                z += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * w
-                state["n"].index_copy_(0, rows, n_new)
-                state["z"].index_copy_(0, rows, z)
-                p.index_copy_(0, rows, _ftrl_weights(z, n_new, group))
-        return loss
+    def _update_rows(
+        self, p: Tensor, rows: Tensor, g: Tensor, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
+        if not state:
+            state.update(_ftrl_start(p, group))
+        n, z = state["n"].index_select(0, rows), state["z"].index_select(0, rows)
+        n_new = n + g * g
+        z += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * p.index_select(0, rows)
+        state["n"].index_copy_(0, rows, n_new)
+        state["z"].index_copy_(0, rows, z)
+        p.index_copy_(0, rows, _ftrl_weights(z, n_new, group))
 
 
-class LinearFtrl(torch.optim.Optimizer):
+class LinearFtrl(_PerParameter):
     """:class:`RowwiseFtrl` for dense parameters (the dense inputs' weights and the output bias),
     each element a coordinate, as the FTRL baseline treats its dense inputs and its bias."""
 
@@ -326,23 +309,11 @@ class LinearFtrl(torch.optim.Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "beta": beta, "l1": l1, "l2": l2})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state.update(_ftrl_start(p, group))
-                g = p.grad
-                n = state["n"]
-                n_new = n + g * g
-                state["z"] += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * p
-                state["n"] = n_new
-                p.copy_(_ftrl_weights(state["z"], n_new, group))
-        return loss
+    def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        if not state:
+            state.update(_ftrl_start(p, group))
+        g, n = grad, state["n"]
+        n_new = n + g * g
+        state["z"] += g - (n_new.sqrt() - n.sqrt()) / group["lr"] * p
+        state["n"] = n_new
+        p.copy_(_ftrl_weights(state["z"], n_new, group))
