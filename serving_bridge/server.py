@@ -36,6 +36,7 @@ from kafka.partitioner.default import murmur2
 
 from pipeline.core import logs, systemd
 from pipeline.core.config import ServingConfig
+from pipeline.core.metrics import MULTIPROC_MARKER
 from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
@@ -195,7 +196,9 @@ def serve_workers(
     # prometheus-client's multiprocess mode: the workers' counters and histograms add up in files
     # here, and any worker's /metrics reads them all (a fresh folder per start: no stale counts)
     metrics_dir = tempfile.mkdtemp(prefix=f"ctr-{what}-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    # prometheus-client reads both spellings; Feast keeps whatever is set when it is imported
+    for var in ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR", MULTIPROC_MARKER):
+        os.environ[var] = metrics_dir
 
     def start() -> Any:
         proc = spawn.Process(target=worker, args=(listener,), name=f"{what}-worker", daemon=False)

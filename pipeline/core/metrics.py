@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 __all__ = [
     "CONTENT_TYPE",
     "LATENCY_BUCKETS_S",
+    "MULTIPROC_MARKER",
     "Registry",
     "Value",
     "export_consumer_state",
@@ -58,9 +59,18 @@ Labels = tuple[tuple[str, str], ...]
 disable_created_metrics()  # no *_created series: nothing here reads them, and they double the text
 
 
+MULTIPROC_MARKER = "CTR_METRICS_MULTIPROC_DIR"
+
+
 def multiprocess_dir() -> str:
-    """prometheus-client's multiprocess folder (``PROMETHEUS_MULTIPROC_DIR``), or "" when off."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    """The folder where this process's metrics add up with its sibling workers', or "" when off.
+
+    Our own variable, set (with prometheus-client's two) only by ``ctr serve``'s worker parent:
+    Feast sets ``PROMETHEUS_MULTIPROC_DIR`` to a temp folder of its own when it is imported, and
+    every child process inherits it, so that variable says nothing about whether this process is
+    one of several workers (two replicas started from one shell summed each other's counters).
+    """
+    return os.environ.get(MULTIPROC_MARKER, "")
 
 
 class Value:

@@ -253,7 +253,11 @@ def notify(request: pytest.FixtureRequest, deployment: Deployment) -> Iterator[N
 def scrape(port: int) -> dict[str, float]:
     """``GET /metrics`` as {series with labels: value} (comments dropped)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        # Prometheus' text format: 0.0.4, or 1.0.0 as prometheus-client >= 0.22 labels the same text
+        content_type = resp.headers["Content-Type"]
+        assert content_type.startswith(("text/plain; version=0.0.4", "text/plain; version=1.0.0")), (
+            content_type
+        )
         lines = resp.read().decode().splitlines()
     return {
         ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln and not ln.startswith("#")
