@@ -38,6 +38,7 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client import values as prometheus_values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -71,6 +72,22 @@ def multiprocess_dir() -> str:
     one of several workers (two replicas started from one shell summed each other's counters).
     """
     return os.environ.get(MULTIPROC_MARKER, "")
+
+
+def _in_process_values_unless_workers() -> None:
+    """Keep metric values in this process's memory unless it is one of ``ctr serve``'s workers.
+
+    prometheus-client picks its value class once, from the environment, when it is imported; with
+    Feast's ``PROMETHEUS_MULTIPROC_DIR`` set (see :func:`multiprocess_dir`) it stores every value in
+    files keyed by name and labels only, so two registries in one process (the embedded profile's
+    two replicas, or two apps in a test) read each other's counts. Its metrics read the class at
+    construction (``values.ValueClass``): setting it here covers every metric made after import.
+    """
+    if not multiprocess_dir():
+        prometheus_values.ValueClass = prometheus_values.MutexValue
+
+
+_in_process_values_unless_workers()
 
 
 class Value:
