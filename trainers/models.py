@@ -85,7 +85,31 @@ class HashedEmbedding(nn.Module):
         return out
 
 
-class DeepFM(nn.Module):
+class _WithLinearPart(nn.Module):
+    """What DeepFM and LR share: ``wide`` (first-order table), ``dense_linear`` and ``bias``, which
+    subclasses create (in their own order: the seeded initial weights depend on it)."""
+
+    wide: HashedEmbedding
+    dense_linear: nn.Linear | None
+    bias: nn.Parameter
+
+    @property
+    def output_bias(self) -> torch.Tensor:
+        return self.bias
+
+    def linear_parameters(self) -> list[nn.Parameter]:
+        """The wide part's dense weights: the dense inputs' linear layer and the output bias."""
+        extra = list(self.dense_linear.parameters()) if self.dense_linear is not None else []
+        return [*extra, self.bias]
+
+    def linear_logit(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        logit: torch.Tensor = self.wide(ids).squeeze(2).sum(1) + self.bias
+        if self.dense_linear is not None:
+            logit = logit + self.dense_linear(dense).squeeze(1)
+        return logit
+
+
+class DeepFM(_WithLinearPart):
     """DeepFM (Guo et al. 2017): first-order (wide) + FM pairwise interactions + an MLP, summed.
 
     Two hashed tables: ``wide`` holds each field value's first-order weight (one column, starting
@@ -113,20 +137,9 @@ class DeepFM(nn.Module):
         layers.append(_zero_linear(width, 1))
         self.mlp = nn.Sequential(*layers)
 
-    @property
-    def output_bias(self) -> torch.Tensor:
-        return self.bias
-
-    def linear_parameters(self) -> list[nn.Parameter]:
-        """The wide part's dense weights: the dense inputs' linear layer and the output bias."""
-        extra = list(self.dense_linear.parameters()) if self.dense_linear is not None else []
-        return [*extra, self.bias]
-
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         v = self.embedding(ids)
-        logit = self.wide(ids).squeeze(2).sum(1) + self.bias
-        if self.dense_linear is not None:
-            logit = logit + self.dense_linear(dense).squeeze(1)
+        logit = self.linear_logit(ids, dense)
         # FM identity: sum_{i<j} <v_i, v_j> = ((sum v)^2 - sum v^2) / 2, O(fields * dim).
         s = v.sum(1)
         fm = 0.5 * (s * s - (v * v).sum(1)).sum(1)
@@ -198,7 +211,7 @@ class DCNv2(nn.Module):
         return out
 
 
-class LogisticRegression(nn.Module):
+class LogisticRegression(_WithLinearPart):
     """Hashed logistic regression: one weight per hashed token, a linear term on the dense inputs."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
@@ -209,15 +222,6 @@ class LogisticRegression(nn.Module):
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
 
-    @property
-    def output_bias(self) -> torch.Tensor:
-        return self.bias
-
-    def linear_parameters(self) -> list[nn.Parameter]:
-        """The wide part's dense weights: the dense inputs' linear layer and the output bias."""
-        extra = list(self.dense_linear.parameters()) if self.dense_linear is not None else []
-        return [*extra, self.bias]
-
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         old = state_dict.pop(prefix + "embedding.table.weight", None)  # its name before "wide"
         if old is not None:
@@ -225,10 +229,7 @@ class LogisticRegression(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        logit = self.wide(ids).squeeze(2).sum(1) + self.bias
-        if self.dense_linear is not None:
-            logit = logit + self.dense_linear(dense).squeeze(1)
-        out: torch.Tensor = logit.float()
+        out: torch.Tensor = self.linear_logit(ids, dense).float()
         return out
 
 
