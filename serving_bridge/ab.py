@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 
 from serving_bridge.replica import Replica, ScoreResult
 
@@ -78,11 +79,27 @@ class ABRouter:
         self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]
     ) -> tuple[ScoreResult, str]:
         """(result, arm); raises RuntimeError if no model is loaded yet."""
+        replica, arm = self.arm(user_id)
+        return replica.score(user_id, context, item_ids), arm
+
+    async def ascore(
+        self,
+        user_id: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        executor: Executor | None = None,
+    ) -> tuple[ScoreResult, str]:
+        """:meth:`score` for a caller on the event loop (:meth:`Replica.ascore`)."""
+        replica, arm = self.arm(user_id)
+        return await replica.ascore(user_id, context, item_ids, executor), arm
+
+    def arm(self, user_id: str) -> tuple[Replica, str]:
+        """The replica that scores ``user_id`` and its arm's name."""
         challenger = self.challenger
         if (
             challenger is not None
             and challenger.ready
             and arm_of(user_id, self.challenger_share) == "challenger"
         ):
-            return challenger.score(user_id, context, item_ids), "challenger"
-        return self.champion.score(user_id, context, item_ids), "champion"
+            return challenger, "challenger"
+        return self.champion, "champion"

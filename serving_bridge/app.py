@@ -257,12 +257,11 @@ class ScoringApp:
         router = self.router
         if not router.ready:
             return _error(503, "no model loaded yet", ("Retry-After", "1"))
-        loop = asyncio.get_running_loop()
         try:
             user_id: str = req.user_id  # type: ignore[attr-defined]
             context: dict[str, str] = req.context  # type: ignore[attr-defined]
             items: list[str] = req.items  # type: ignore[attr-defined]
-            result, arm = await loop.run_in_executor(self.pool, router.score, user_id, context, items)
+            result, arm = await router.ascore(user_id, context, items, self.pool)
         except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
             log.exception("serve: scoring failed for a valid request")
             return _error(500, "internal error while scoring; see the replica's log")

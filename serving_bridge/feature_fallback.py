@@ -6,15 +6,18 @@ fails (connection refused, timeout, a store not opened yet, anything the client 
 outage, not once per request). After a failure the store is not asked again for ``retry_s``: a
 store that hangs would otherwise add its timeout to every request.
 
-With ``timeout_s`` set (``serving.feature_timeout_s`` in ``ctr serve``) a read runs on a small
-worker pool and the request waits for it at most ``timeout_s``; a slower read counts as a failure
-and the request scores with defaults at once. Socket timeouts alone do not bound a read: a client
+With ``timeout_s`` set (``serving.feature_timeout_s`` in ``ctr serve``) the request waits for a
+read at most ``timeout_s``; a slower read counts as a failure and the request scores with defaults
+at once. :meth:`aget` (the serving app's path) awaits the reader's own ``aget`` on the event loop
+under that deadline, with no thread in between; a reader without one, and :meth:`get`, run the
+read on a small worker pool and wait for it as long. Socket timeouts alone do not bound a read: a client
 may retry with back-off (redis-py 7 by default sleeps up to 2 + 4 + 8 s between its retries), and
 Feast's SDK builds its own Redis client, which we do not configure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -69,13 +72,42 @@ class FallbackFeatures:
             except Exception as exc:
                 self._failed(exc)
             else:
-                if self._outage:
-                    self._outage = False
-                    log.warning("features: online store reachable again")
+                self._recovered()
                 return rows
         with self._lock:
             self.fallbacks += 1
         return [dict(self._defaults) for _ in item_ids]
+
+    async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        """:meth:`get` for a caller on the event loop: the same deadline, fallback and counts."""
+        reader = self.reader
+        if reader is not None and time.monotonic() >= self._down_until:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    rows = await self._aread(reader, user_id, item_ids)
+            except Exception as exc:  # TimeoutError included: the read is cancelled, not awaited on
+                if isinstance(exc, TimeoutError):
+                    exc = TimeoutError(f"online store read took longer than {self.timeout_s} s")
+                self._failed(exc)
+            else:
+                self._recovered()
+                return rows
+        with self._lock:
+            self.fallbacks += 1
+        return [dict(self._defaults) for _ in item_ids]
+
+    async def _aread(self, reader: _Reader, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        aget = getattr(reader, "aget", None)
+        if aget is not None:
+            rows: list[dict[str, float]] = await aget(user_id, item_ids)
+            return rows
+        loop = asyncio.get_running_loop()  # a blocking reader (Feast's SDK): on the pool
+        return await loop.run_in_executor(self._pool, reader.get, user_id, item_ids)
+
+    def _recovered(self) -> None:
+        if self._outage:
+            self._outage = False
+            log.warning("features: online store reachable again")
 
     def _read(self, reader: _Reader, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         if self._pool is None:

@@ -12,10 +12,12 @@ The replica learns about a new version by polling the store (``poll_interval_s``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +36,7 @@ class _Store(Protocol):
     def load(self, version: str) -> Any: ...
 
 
-class _Features(Protocol):
+class _Features(Protocol):  # and optionally ``async def aget`` with the same arguments
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]: ...
 
 
@@ -64,6 +66,7 @@ class Replica:
     poll_interval_s: float = 1.0
     retry_failed_after_s: float = 30.0
     shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
+    inference: str = "eager"  # serving.inference: how a loaded version runs (TorchLearner.use_inference)
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
     load_errors: int = 0
     alias_check_errors: int = 0  # registry lookups that failed (MLflow away)
@@ -134,6 +137,8 @@ class Replica:
                 return False
             try:
                 learner = self.store.load(target)
+                if self.inference != "eager" and hasattr(learner, "use_inference"):
+                    learner.use_inference(self.inference)  # beside the old version, before the swap
                 self._warm(learner)
             except Exception:
                 self.load_errors += 1
@@ -159,16 +164,50 @@ class Replica:
         self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str], ts_ms: int | None = None
     ) -> ScoreResult:
         """Click probability of ``user_id`` for each candidate item, features included."""
+        current, user, shard_keys = self._begin(user_id, item_ids)
+        feats = None if self.features is None else self.features.get(user, shard_keys)
+        return self.finish(current, user, context, item_ids, feats, ts_ms)
+
+    async def ascore(
+        self,
+        user_id: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        executor: Executor | None = None,
+    ) -> ScoreResult:
+        """:meth:`score` for a caller on the event loop: the feature read is awaited there (a
+        reader without ``aget`` runs on a thread), the forward runs on ``executor``."""
+        current, user, shard_keys = self._begin(user_id, item_ids)
+        loop = asyncio.get_running_loop()
+        feats = None
+        if self.features is not None:
+            aget = getattr(self.features, "aget", None)
+            if aget is not None:
+                feats = await aget(user, shard_keys)
+            else:
+                feats = await loop.run_in_executor(executor, self.features.get, user, shard_keys)
+        return await loop.run_in_executor(executor, self.finish, current, user, context, item_ids, feats)
+
+    def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
+        """The model this request finishes on, the user's pseudonym and the items' feature keys."""
         current = self._current  # taken once: this request finishes on this version
         if current is None:
             raise RuntimeError(f"replica {self.name} has no model yet (alias '{self.alias}' unset)")
-        user = self.pseudonymize(user_id)
+        # item statistics are per joiner shard: read the requesting user's shard
+        shard = self.shard_of(user_id) if self.shard_of is not None else None
+        return current, self.pseudonymize(user_id), [item_shard_key(i, shard) for i in item_ids]
+
+    def finish(
+        self,
+        current: LoadedModel,
+        user: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        feats: list[dict[str, float]] | None,
+        ts_ms: int | None = None,
+    ) -> ScoreResult:
         ts = int(time.time() * 1000) if ts_ms is None else ts_ms
-        rows = [Impression("request", ts, user, item, dict(context), {}) for item in item_ids]
-        if self.features is None:
-            feats: list[dict[str, float]] = [{}] * len(rows)
-        else:  # item statistics are per joiner shard: read the requesting user's shard
-            shard = self.shard_of(user_id) if self.shard_of is not None else None
-            feats = self.features.get(user, [item_shard_key(i, shard) for i in item_ids])
-        probs = current.learner.predict_rows(rows, feats)
+        ctx = dict(context)  # one copy for the request: the rows only read it
+        rows = [Impression("request", ts, user, item, ctx, {}) for item in item_ids]
+        probs = current.learner.predict_rows(rows, [{}] * len(rows) if feats is None else feats)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])
