@@ -17,6 +17,7 @@ from pipeline.core.config import (
     ConfigError,
     DaemonConfig,
     FeaturePath,
+    InferencePath,
     KafkaConfig,
     ModelName,
     SaslMechanism,
@@ -130,10 +131,12 @@ def test_kafka_names_are_case_insensitive_as_before() -> None:
 def test_the_choices_are_those_of_the_code_that_acts_on_them() -> None:
     from pipeline.kafka import client as kafka_client
     from serving_bridge.process import FEATURE_PATHS
+    from trainers.inference import INFERENCE_PATHS
     from trainers.models import MODELS
 
     assert set(typing.get_args(ModelName)) == set(MODELS)
     assert typing.get_args(FeaturePath) == FEATURE_PATHS
+    assert typing.get_args(InferencePath) == INFERENCE_PATHS
     assert typing.get_args(SecurityProtocol) == kafka_client._PROTOCOLS
     assert typing.get_args(SaslMechanism) == ("", *kafka_client._SASL)
 

@@ -42,6 +42,7 @@ from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
 from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
+from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 
@@ -233,6 +234,8 @@ class TorchLearner:
         )
         self.frozen = False
         self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
+        self.inference = "eager"  # the forward predict runs (trainers.inference); see use_inference
+        self._scorer: Scorer | None = None
 
     @property
     def model_spec(self) -> dict[str, Any]:
@@ -249,6 +252,7 @@ class TorchLearner:
         n = len(batch)
         if n == 0:
             return float("nan")
+        self.use_inference("eager")  # a traced graph holds the weights as they were: drop it
         if self.blocks_learned == 0 and self.steps == 0:
             self._start_at_base_rate(batch.labels)
         ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(batch.labels)
@@ -293,12 +297,31 @@ class TorchLearner:
         batch = self.encode(examples)
         out = []
         self.model.eval()
+        forward = self.model if self._scorer is None else self._scorer
         with torch.inference_mode(), self._autocast():
             for start in range(0, len(batch), _PREDICT_CHUNK):
                 part = batch[start : start + _PREDICT_CHUNK]
-                logits = self.model(self._put(part.ids), self._put(part.dense))
+                logits = forward(self._put(part.ids), self._put(part.dense))
                 out.append(logits.float().cpu().numpy())
         return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+    def use_inference(self, path: str) -> str:
+        """Score through ``path`` (``eager`` or ``torchscript``, :mod:`trainers.inference`) from
+        now on; returns the path in use, ``eager`` where tracing failed. For a model that serves:
+        :meth:`learn` returns to eager (the traced graph would keep the old weights)."""
+        if path not in INFERENCE_PATHS:
+            raise ValueError(f"TorchLearner.use_inference: {path!r} is not one of {INFERENCE_PATHS}")
+        self._scorer = None
+        if path == "torchscript":
+            self._scorer = frozen_scorer(
+                self.model,
+                n_fields=len(self.encoder.fields),
+                n_dense=len(self.encoder.dense_names),
+                device=self.device,
+                amp_dtype=self._amp_dtype,
+            )
+        self.inference = path if self._scorer is not None else "eager"
+        return self.inference
 
     def predict_rows(
         self, impressions: Sequence[Impression], stream_features: Sequence[Mapping[str, float]]
@@ -331,7 +354,10 @@ class TorchLearner:
         memo: dict[int, Any] = {}
         if frozen:  # deepcopy maps anything already in memo to the memo's value: here None
             memo = {id(o): None for o in self._optimizers()}
+        if self._scorer is not None:  # a traced graph is not copied: use_inference rebuilds one
+            memo[id(self._scorer)] = None
         twin = copy.deepcopy(self, memo)
+        twin.inference = "eager"
         if frozen:
             twin._sparse_opt = twin._wide_opt = twin._linear_opt = twin._dense_opt = None
             twin.frozen = True

@@ -20,6 +20,7 @@ __all__ = [
     "Count",
     "Device",
     "FeaturePath",
+    "InferencePath",
     "LogFormat",
     "ModelName",
     "Natural",
@@ -46,6 +47,7 @@ ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
 RowOptimizer = Literal["adagrad", "adam", "ftrl"]  # trainers.rowwise
 FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
+InferencePath = Literal["eager", "torchscript"]  # trainers.inference.INFERENCE_PATHS
 LogFormat = Literal["text", "json"]  # pipeline.core.logs
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]  # kafka_client._PROTOCOLS
 SaslMechanism = Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]  # kafka_client._SASL, or none

@@ -58,6 +58,7 @@ class EmbeddedStack:
                 alias=cfg.registry.champion_alias,
                 poll_interval_s=cfg.serving.poll_interval_s,
                 shard_of=lambda user: partition_of(user, cfg.kafka.partitions),  # the replay's item shards
+                inference=cfg.serving.inference,
             )
             for i in range(cfg.serving.replicas)
         ]
