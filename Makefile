@@ -37,7 +37,7 @@ format:  ## apply ruff's formatter and autofixes
 lock:  ## recompile requirements.lock from requirements.in
 	@venv=$(VENV); $$venv/bin/uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q --no-header
 
-bench: services-up  ## run every benchmark in benchmarks/ (train, ingest, freshness, restart, serving; missing ones skipped)
+bench: services-up vegeta  ## run every benchmark in benchmarks/ (train, ingest, freshness, restart, serving; missing ones skipped)
 	@venv=$(VENV); eval "$$(CTR_VENV=$$venv ./deploy/services.sh env)"; \
 	for b in $(BENCHMARKS); do \
 	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks/$$b.py"; $$venv/bin/python benchmarks/$$b.py || exit 1; \
@@ -47,10 +47,13 @@ bench: services-up  ## run every benchmark in benchmarks/ (train, ingest, freshn
 clean:  ## remove run outputs (not the cached venv)
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: services-up services-down services-status services-env browser promtool
+.PHONY: services-up services-down services-status services-env browser promtool vegeta
 
 promtool:  ## promtool from Debian's prometheus package, for the /metrics lint test (installed when missing)
 	@./deploy/promtool.sh
+
+vegeta:  ## vegeta (Go load generator) for benchmarks/serving.py, built from the Go module proxy when missing
+	@./deploy/vegeta.sh >/dev/null
 
 browser:  ## headless Chromium + chromedriver from Debian for the MLflow UI test (installed when missing)
 	@./deploy/browser.sh

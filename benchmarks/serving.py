@@ -48,7 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from load_tools import open_loop, percentiles, start_py_spy, top_costs
+import numpy as np
+from load_tools import load_client, open_loop, percentiles, start_py_spy, top_costs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -188,13 +189,38 @@ def flip_alias(
 
 
 def swaps_of(port: int) -> float:
+    return counter_of(port, "ctr_serving_swaps_total", 'arm="champion"')
+
+
+def fallbacks_of(port: int) -> float:
+    """Requests the replica scored with default features (its store read failed or was late)."""
+    return counter_of(port, "ctr_serving_feature_fallbacks_total")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (the serving workers), from
+    /proc: time the machine's hypervisor stole is not in it, unlike wall-clock latency."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+def counter_of(port: int, name: str, label: str = "") -> float:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("ctr_serving_swaps_total") and 'arm="champion"' in line
+        if line.split("{")[0].split(" ")[0] == name and label in line
     )
 
 
@@ -216,11 +242,12 @@ def floor(
     torch.set_num_threads(1)
     cfg = Config()
     learner = MlflowModelStore(RegistryConfig(model_name=model_name), args.mlflow_uri).load(version)
+    learner.use_inference(cfg.serving.inference)  # the forward the replica runs
     reader = RedisFeatureReader.for_store(store)
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
-    times = []
+    times, cpu = [], []
     for i in range(args.floor_requests):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         req = json.loads(bodies[i % len(bodies)])
         user, shard = pseudo(req["user_id"]), kafka_partition(req["user_id"], cfg.kafka.partitions)
         feats = reader.get(user, [item_shard_key(item, shard) for item in req["items"]])
@@ -235,7 +262,8 @@ def floor(
             }
         )
         times.append((time.perf_counter() - t) * 1000.0)
-    return percentiles(times)
+        cpu.append((time.thread_time() - c) * 1000.0)
+    return percentiles(times) | {"cpu_ms": round(float(np.median(cpu)), 3)}
 
 
 def feature_reads(
@@ -274,6 +302,7 @@ def load_grid(
                         target=flip_alias, args=(args, model_name, versions, stop, flips)
                     )
                     flipper.start()
+                fallbacks_before = fallbacks_of(port)
                 lat, errors, qps, _ = open_loop(port, bodies, rate, args.grid_seconds, conns)
                 stop.set()
                 if flipper is not None:
@@ -286,6 +315,7 @@ def load_grid(
                     "swapping": swapping,
                     "qps": round(qps, 1),
                     "errors": errors,
+                    "feature_fallbacks": fallbacks_of(port) - fallbacks_before,
                 }
                 print(
                     f"  grid {name}: p99 {grid[name]['p99_ms']:.2f} ms, {qps:.0f} req/s, {errors} errors",
@@ -349,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                     stop = threading.Event()
                     flips: list[float] = []
                     flipper = None
-                    swaps_before = swaps_of(port)
+                    swaps_before, fallbacks_before = swaps_of(port), fallbacks_of(port)
+                    cpu_before = cpu_seconds(proc.pid)
                     spy = None
                     if profiling:
                         spy = start_py_spy(args, proc.pid, Path(tmp) / "profile.txt")
@@ -372,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
                         "requests": len(lat) + errors,
                         "versions_served": served,
                         "swaps": swaps_of(port) - swaps_before,
+                        "feature_fallbacks": fallbacks_of(port) - fallbacks_before,
+                        "replica_cpu_ms_per_request": round(
+                            (cpu_seconds(proc.pid) - cpu_before) * 1000.0 / max(len(lat) + errors, 1), 3
+                        ),
                     }
                 if path == "redis":
                     grid = load_grid(args, port, bodies, model_name, versions)
@@ -387,13 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\noffered load {args.rate:g} req/s, {args.candidates} candidates, {args.seconds:g} s per phase")
     print(
         f"{'phase':<14}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'max ms':>9}"
-        f"{'qps':>8}{'errors':>8}{'swaps':>7}"
+        f"{'qps':>8}{'errors':>8}{'swaps':>7}{'defaults':>10}{'cpu ms':>8}"
     )
     for name, ph in phases.items():
         print(
             f"{name:<14}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['p999_ms']:>9.2f}{ph['max_ms']:>9.2f}"
-            f"{ph['qps']:>8.1f}{ph['errors']:>8}{ph['swaps']:>7.0f}"
+            f"{ph['qps']:>8.1f}{ph['errors']:>8}{ph['swaps']:>7.0f}{ph['feature_fallbacks']:>10.0f}"
+            f"{ph['replica_cpu_ms_per_request']:>8.2f}"
         )
+    print("(defaults: requests scored with default features: the store read failed or missed the deadline;")
+    print(" cpu ms: the replica's CPU time per request, its workers included, /metrics scrapes too)")
     print(
         f"\nfeature read alone, 1 user + {args.candidates} items "
         f"({args.feature_reads} reads each, in process):"
@@ -406,7 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npy-spy, redis phase (extra, profiled): top {kind} (share of samples)")
         for frame, share in rows:
             print(f"  {share:6.1%}  {frame}")
-    print(f"\nfloor (in process: JSON + Redis read + forward + JSON): p50 {floor_ms['p50_ms']:.2f} ms")
+    print(
+        f"\nfloor (in process: JSON + Redis read + forward + JSON): p50 {floor_ms['p50_ms']:.2f} ms"
+        f" ({floor_ms['cpu_ms']:.2f} ms of CPU)"
+    )
     print(f"{'grid':<22}{'p50 ms':>9}{'p99 ms':>9}{'qps':>8}{'errors':>8}")
     for name, ph in grid.items():
         print(f"{name:<22}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['qps']:>8.1f}{ph['errors']:>8}")
@@ -447,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_phase": args.seconds,
             "candidates": args.candidates,
             "client_threads": args.threads,
+            "load_client": load_client(),
             "serving_workers": args.workers or "default",
             "model": f"deepfm, {args.buckets} hashed rows, default dims",
             "cpus": os.cpu_count(),

@@ -5,11 +5,16 @@
 - ``GET /openapi.json`` (generated from those models), ``/healthz``, ``/readyz`` (503 until a model
   is loaded), ``/version``, ``/metrics``.
 
-The event loop only parses, admits and answers. Scoring (the Redis read and the torch forward)
-runs on a bounded thread pool of ``serving.max_in_flight`` threads, and at most that many requests
-are admitted at once: one more is answered ``503`` with ``Retry-After`` at once, so latency stays
-bounded under overload. A request takes the model reference once (:meth:`Replica.score`), so it
-finishes on the version it started with whatever swaps meanwhile.
+The event loop parses, admits, awaits the feature read (:meth:`Replica.ascore`: redis.asyncio,
+under ``serving.feature_timeout_s``) and answers. The forward runs on one scoring thread per
+process, so the loop keeps answering (probes, /metrics, other requests' reads) while a forward
+runs, even a stuck one. One thread, not a pool: a forward of 100 rows is ~0.3 ms of mostly GIL-held
+Python and torch dispatch, so threads in one process only queue for the GIL; eight of them spent
+a third of the replica's samples waiting for it (py-spy). Processes (``serving.workers``) use
+the other cores. At most ``serving.max_in_flight`` requests are admitted at once: one more is
+answered ``503`` with ``Retry-After`` at once, so latency stays bounded under overload. A request
+takes the model reference once (:meth:`Replica.ascore`), so it finishes on the version it started
+with whatever swaps meanwhile.
 
 Every answer, errors included, is JSON: an undeclared method is ``405`` with ``Allow`` (HEAD too:
 no route declares it), an unknown path ``404``; a body is refused before it is read when it is
@@ -92,7 +97,7 @@ class ScoringApp:
         token = self.cfg.auth_token.get_secret_value() if self.cfg.auth_token else ""
         self._token = f"Bearer {token}".encode() if token else b""
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
-        self.pool = ThreadPoolExecutor(self.cfg.max_in_flight, thread_name_prefix="score")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="score")  # the forward (module doc)
         self.metrics = Registry()
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))
         # counted as requests happen, by prometheus-client itself: with serving.workers > 1

@@ -66,6 +66,7 @@ class Replica:
     poll_interval_s: float = 1.0
     retry_failed_after_s: float = 30.0
     shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
+    on_swap: Callable[[], None] | None = None  # called on the watcher thread after each swap
     inference: str = "eager"  # serving.inference: how a loaded version runs (TorchLearner.use_inference)
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
     load_errors: int = 0
@@ -150,6 +151,8 @@ class Replica:
             self._current = LoadedModel(target, learner, time.time())  # the swap: one reference
             self.swaps.append((target, time.time()))
             log.info("replica %s: now serving version %s", self.name, target)
+            if self.on_swap is not None:
+                self.on_swap()
             return True
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,8 +234,11 @@ def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
         held = [threading.Thread(target=hold) for _ in range(2)]
         for t in held:
             t.start()
-        for _ in held:  # both slots taken: the two requests are inside the model
-            assert model.entered.acquire(timeout=30)
+        assert model.entered.acquire(timeout=30)  # one request is inside the model
+        deadline = time.monotonic() + 30
+        while server.in_flight < 2:  # the other is admitted, queued for the scoring thread
+            assert time.monotonic() < deadline, f"{server.in_flight} requests admitted, not 2"
+            time.sleep(0.01)
         status, headers, body = client.score(GOOD)
         assert status == 503 and headers["Retry-After"] == "2" and "overloaded" in body["error"]
         assert client.request("GET", "/healthz")[0] == 200  # probes are not admission-controlled

@@ -163,7 +163,7 @@ class ServingConfig(Section):
     )
     max_candidates: Count = 1_000  # most items one POST /score may carry (400 beyond)
     max_body_bytes: Count = 1_048_576  # larger POST /score bodies get 413
-    max_in_flight: Count = 32  # /score requests processed at once; one more gets 503 + Retry-After
+    max_in_flight: Count = 32  # /score requests admitted at once (reading or scoring); one more gets 503
     workers: Count = 1  # serving processes per `ctr serve`, sharing its port (one per core at most)
     retry_after_s: Seconds = 1.0  # the Retry-After of an overload 503
     # Where features come from: "redis" reads Feast's Redis layout directly (one pipelined round
