@@ -106,17 +106,19 @@ def open_loop_vegeta(
     rows = sorted(csv.reader(io.StringIO(encoded)), key=lambda row: int(row[8]))
     if not rows:
         return [], 0, 0.0, {}
-    first = int(rows[0][0])
+    # request k was due at t0 + k / rate; vegeta's own start is not in its results, so t0 is the
+    # latest start every send agrees with (a send can be late, never early)
+    t0 = min(int(row[0]) - int(row[8]) * 1e9 / rate for row in rows)
     latencies: list[float] = []
     versions: dict[str, int] = {}
-    errors, last = 0, first
+    errors, first, last = 0, int(rows[0][0]), int(rows[0][0])
     for sent, code, latency, _, _, error, body, _, seq, *_ in rows:
         done = int(sent) + int(latency)
         last = max(last, done)
         if code != "200" or error:
             errors += 1
             continue
-        latencies.append((done - first - int(seq) * 1e9 / rate) / 1e6)
+        latencies.append((done - t0 - int(seq) * 1e9 / rate) / 1e6)
         version = json.loads(base64.b64decode(body))["version"]
         versions[version] = versions.get(version, 0) + 1
     return latencies, errors, len(rows) / max((last - first) / 1e9, 1e-9), versions

@@ -152,7 +152,10 @@ class RedisFeatureReader:
             raise ValueError(f"features: the direct reader needs a single Redis online store, not {online!r}")
         kwargs = parse_feast_connection_string(online.connection_string) | redis_kwargs
         client = redis.Redis(**({"retry": Retry(NoBackoff(), 0)} | kwargs))
-        aclient = redis.asyncio.Redis(**({"retry": AsyncRetry(NoBackoff(), 0)} | kwargs))
+        # no per-read socket timeout on the asyncio client: redis.asyncio arms one timer per reply
+        # (101 a request: 0.4 -> 1.5 ms here); aget's caller bounds the whole read instead
+        akwargs = {k: v for k, v in kwargs.items() if k != "socket_timeout"}
+        aclient = redis.asyncio.Redis(**({"retry": AsyncRetry(NoBackoff(), 0)} | akwargs))
         return cls(client, store.config.project, cfg, aclient)
 
     def read_raw(
@@ -176,8 +179,10 @@ class RedisFeatureReader:
         return self._rows(unique, item_ids, self._fetch(payload, len(unique) + 1))
 
     async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        """:meth:`get` on the running event loop. A read cancelled midway (the caller's deadline)
-        closes its connection, so no reply of it is left for the next request to read."""
+        """:meth:`get` on the running event loop, bounded by the caller (``asyncio.timeout``, as
+        :class:`serving_bridge.feature_fallback.FallbackFeatures` does): ``socket_timeout`` applies
+        to :meth:`get` only. A read cancelled midway closes its connection, so no reply of it is
+        left for the next request to read."""
         if not item_ids:
             return []
         if self.aclient is None:

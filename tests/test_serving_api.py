@@ -446,6 +446,43 @@ def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
         listener.close()
 
 
+def test_an_async_read_from_a_redis_that_never_answers_ends_at_the_feature_deadline() -> None:
+    """The serving path (FallbackFeatures.aget -> RedisFeatureReader.aget) has no per-read socket
+    timeout: the request's deadline bounds it. Against a Redis that accepts and never answers,
+    each request gets default features within about the deadline, and the abandoned connection
+    is closed (its late replies must never answer a later request)."""
+    import asyncio
+    import socket
+    from types import SimpleNamespace
+
+    from features.redis_reader import RedisFeatureReader
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        host, port = listener.getsockname()
+        online = SimpleNamespace(type="redis", redis_type="redis", connection_string=f"{host}:{port}")
+        store = SimpleNamespace(config=SimpleNamespace(online_store=online, project="p"))
+        reader = RedisFeatureReader.for_store(store, socket_timeout=30, socket_connect_timeout=1)
+        features = FallbackFeatures(reader, retry_s=0.0, timeout_s=0.05)
+
+        async def two_requests() -> tuple[list[list[dict[str, float]]], float]:
+            started = time.monotonic()
+            rows = [await features.aget("u", ["a", "b"]) for _ in range(2)]
+            return rows, time.monotonic() - started
+
+        rows, took = asyncio.run(two_requests())
+        defaults = features._defaults
+        assert rows == [[defaults, defaults]] * 2
+        assert (features.fallbacks, features.failures) == (2, 2)
+        assert took < 10  # the deadline (0.05 s each), not the 30 s socket timeout
+        assert reader.aclient.connection_pool._in_use_connections == set()
+        assert all(not c.is_connected for c in reader.aclient.connection_pool._available_connections)
+    finally:
+        listener.close()
+
+
 def test_a_request_queued_when_the_replica_stops_is_answered_not_reset() -> None:
     """SIGTERM stops the accept loop; a connection the kernel already accepted (in the listen
     backlog) is answered before the listener closes, instead of being reset mid-request."""
