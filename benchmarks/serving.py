@@ -269,19 +269,49 @@ def floor(
 def feature_reads(
     store: Any, users: list[str], items: list[str], n: int, k: int
 ) -> dict[str, dict[str, float]]:
-    """Direct vs SDK feature reads in process, 1 user + ``k`` items each, interleaved."""
-    from features.redis_reader import RedisFeatureReader
-    from features.store import OnlineFeatureReader
+    """Feature reads in process, 1 user + ``k`` items each (keys as a replica reads them: the
+    user's pseudonym, the items of its joiner shard), interleaved: the direct reader (sync and on
+    an event loop), the same without hiredis (redis-py's pure-Python reply parser), Feast's SDK."""
+    import asyncio
 
-    readers = {"direct": RedisFeatureReader.for_store(store), "feast_sdk": OnlineFeatureReader(store)}
+    import redis
+    from redis._parsers import _RESP2Parser
+
+    from features.redis_reader import RedisFeatureReader, parse_feast_connection_string
+    from features.store import OnlineFeatureReader
+    from pipeline.core.config import Config
+    from pipeline.core.partitioning import item_shard_key
+    from pipeline.core.pseudonyms import Pseudonymizer
+    from serving_bridge.server import kafka_partition
+
+    cfg = Config()
+    pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
+    direct = RedisFeatureReader.for_store(store)
+    conn = parse_feast_connection_string(store.config.online_store.connection_string)
+    pool = redis.ConnectionPool(**conn, parser_class=_RESP2Parser)
+    pure = RedisFeatureReader(redis.Redis(connection_pool=pool), store.config.project)
+    readers = {
+        "direct": direct.get,
+        "direct_no_hiredis": pure.get,
+        "feast_sdk": OnlineFeatureReader(store).get,
+    }
+    loop = asyncio.new_event_loop()
     rng = random.Random(9)
-    times: dict[str, list[float]] = {name: [] for name in readers}
-    for _ in range(n):
-        user, cands = rng.choice(users), rng.sample(items, k)
-        for name, reader in readers.items():
+    times: dict[str, list[float]] = {name: [] for name in [*readers, "direct_async"]}
+    try:
+        for _ in range(n):
+            raw = rng.choice(users)
+            shard = kafka_partition(raw, cfg.kafka.partitions)
+            user, cands = pseudo(raw), [item_shard_key(i, shard) for i in rng.sample(items, k)]
+            for name, get in readers.items():
+                t = time.perf_counter()
+                get(user, cands)
+                times[name].append((time.perf_counter() - t) * 1000.0)
             t = time.perf_counter()
-            reader.get(user, cands)
-            times[name].append((time.perf_counter() - t) * 1000.0)
+            loop.run_until_complete(direct.aget(user, cands))
+            times["direct_async"].append((time.perf_counter() - t) * 1000.0)
+    finally:
+        loop.close()
     return {name: percentiles(ms) for name, ms in times.items()}
 
 
@@ -474,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         "feature_read_direct": feats["direct"],
         "feature_read_feast_sdk": feats["feast_sdk"],
         "feature_read_sdk_over_direct_p50": round(ratio, 2),
+        "feature_read_direct_async": feats["direct_async"],
+        "feature_read_direct_no_hiredis": feats["direct_no_hiredis"],
+        "feature_read_no_hiredis_over_hiredis_p50": round(
+            feats["direct_no_hiredis"]["p50_ms"] / feats["direct"]["p50_ms"], 2
+        ),
         "floor_ms": floor_ms["p50_ms"],
         "floor": floor_ms,
         "max_qps": max_qps,
