@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor
 
 from serving_bridge.replica import Replica, ScoreResult
 
@@ -83,15 +82,11 @@ class ABRouter:
         return replica.score(user_id, context, item_ids), arm
 
     async def ascore(
-        self,
-        user_id: str,
-        context: Mapping[str, str],
-        item_ids: Sequence[str],
-        executor: Executor | None = None,
+        self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]
     ) -> tuple[ScoreResult, str]:
         """:meth:`score` for a caller on the event loop (:meth:`Replica.ascore`)."""
         replica, arm = self.arm(user_id)
-        return await replica.ascore(user_id, context, item_ids, executor), arm
+        return await replica.ascore(user_id, context, item_ids), arm
 
     def arm(self, user_id: str) -> tuple[Replica, str]:
         """The replica that scores ``user_id`` and its arm's name."""

@@ -5,16 +5,17 @@
 - ``GET /openapi.json`` (generated from those models), ``/healthz``, ``/readyz`` (503 until a model
   is loaded), ``/version``, ``/metrics``.
 
-The event loop parses, admits, awaits the feature read (:meth:`Replica.ascore`: redis.asyncio,
-under ``serving.feature_timeout_s``) and answers. The forward runs on one scoring thread per
-process, so the loop keeps answering (probes, /metrics, other requests' reads) while a forward
-runs, even a stuck one. One thread, not a pool: a forward of 100 rows is ~0.3 ms of mostly GIL-held
-Python and torch dispatch, so threads in one process only queue for the GIL; eight of them spent
-a third of the replica's samples waiting for it (py-spy). Processes (``serving.workers``) use
-the other cores. At most ``serving.max_in_flight`` requests are admitted at once: one more is
-answered ``503`` with ``Retry-After`` at once, so latency stays bounded under overload. A request
-takes the model reference once (:meth:`Replica.ascore`), so it finishes on the version it started
-with whatever swaps meanwhile.
+The event loop does all of a request: it parses, admits, awaits the feature read
+(:meth:`Replica.ascore`: redis.asyncio, under ``serving.feature_timeout_s``), runs the forward
+(~0.4 ms for 100 rows) and answers. No thread: in one process threads only queue for the GIL
+(a pool of eight spent a third of the replica's py-spy samples waiting for it; one scoring thread
+beside the loop cost 5-10% more CPU per request than none, and longer tails). Processes
+(``serving.workers``) use the other cores. A forward that hangs stops its process's loop, so
+``/healthz`` stops answering and systemd's watchdog restarts it. At most
+``serving.max_in_flight`` requests are admitted at once: one more is answered ``503`` with
+``Retry-After`` at once, so latency stays bounded under overload. A request takes the model
+reference once (:meth:`Replica.ascore`), so it finishes on the version it started with whatever
+swaps meanwhile.
 
 Every answer, errors included, is JSON: an undeclared method is ``405`` with ``Allow`` (HEAD too:
 no route declares it), an unknown path ``404``; a body is refused before it is read when it is
@@ -30,7 +31,6 @@ import hmac
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -97,7 +97,6 @@ class ScoringApp:
         token = self.cfg.auth_token.get_secret_value() if self.cfg.auth_token else ""
         self._token = f"Bearer {token}".encode() if token else b""
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="score")  # the forward (module doc)
         self.metrics = Registry()
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))
         # counted as requests happen, by prometheus-client itself: with serving.workers > 1
@@ -149,9 +148,6 @@ class ScoringApp:
             await send(message)
 
         await self.starlette(scope, receive, send_10)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- errors ------------------------------------------------------------------------------------
     async def _http_error(self, request: Request, exc: Exception) -> Response:
@@ -266,7 +262,7 @@ class ScoringApp:
             user_id: str = req.user_id  # type: ignore[attr-defined]
             context: dict[str, str] = req.context  # type: ignore[attr-defined]
             items: list[str] = req.items  # type: ignore[attr-defined]
-            result, arm = await router.ascore(user_id, context, items, self.pool)
+            result, arm = await router.ascore(user_id, context, items)
         except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
             log.exception("serve: scoring failed for a valid request")
             return _error(500, "internal error while scoring; see the replica's log")

@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -171,25 +170,19 @@ class Replica:
         feats = None if self.features is None else self.features.get(user, shard_keys)
         return self.finish(current, user, context, item_ids, feats, ts_ms)
 
-    async def ascore(
-        self,
-        user_id: str,
-        context: Mapping[str, str],
-        item_ids: Sequence[str],
-        executor: Executor | None = None,
-    ) -> ScoreResult:
+    async def ascore(self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]) -> ScoreResult:
         """:meth:`score` for a caller on the event loop: the feature read is awaited there (a
-        reader without ``aget`` runs on a thread), the forward runs on ``executor``."""
+        reader without ``aget`` runs on the loop's default thread pool), the forward runs inline."""
         current, user, shard_keys = self._begin(user_id, item_ids)
-        loop = asyncio.get_running_loop()
         feats = None
         if self.features is not None:
             aget = getattr(self.features, "aget", None)
             if aget is not None:
                 feats = await aget(user, shard_keys)
             else:
-                feats = await loop.run_in_executor(executor, self.features.get, user, shard_keys)
-        return await loop.run_in_executor(executor, self.finish, current, user, context, item_ids, feats)
+                loop = asyncio.get_running_loop()
+                feats = await loop.run_in_executor(None, self.features.get, user, shard_keys)
+        return self.finish(current, user, context, item_ids, feats)
 
     def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
         """The model this request finishes on, the user's pseudonym and the items' feature keys."""

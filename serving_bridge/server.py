@@ -156,10 +156,7 @@ class ReplicaServer:
 
     def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT; queued and in-flight requests finish before it returns."""
-        try:
-            self.server.run(sockets=[self.listener])
-        finally:
-            self.app.close()
+        self.server.run(sockets=[self.listener])
 
     # -- in a thread (tests, benchmarks) -----------------------------------------------------------
     def start(self, timeout_s: float = 30.0) -> ReplicaServer:

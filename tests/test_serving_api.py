@@ -28,19 +28,15 @@ from serving_bridge.server import ReplicaServer
 
 
 class ConstantModel:
-    """Scores every row with one probability; ``gate`` (if set) holds predictions until released."""
+    """Scores every row with one probability; keeps the features of the last request it scored."""
 
-    def __init__(self, p: float, gate: threading.Event | None = None) -> None:
-        self.p, self.gate = p, gate
-        self.entered = threading.Semaphore(0)
+    def __init__(self, p: float) -> None:
+        self.p = p
         self.seen_features: list[dict[str, float]] = []
 
     def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
         if rows and rows[0].impression_id == "request":
             self.seen_features = list(feats)
-            if self.gate is not None:
-                self.entered.release()
-                assert self.gate.wait(30)
         return [self.p] * len(rows)
 
 
@@ -221,11 +217,29 @@ def test_bearer_token_guards_score_but_not_the_probes() -> None:
             assert client.request("GET", path)[0] == 200
 
 
+class GatedReader:
+    """An online store whose reads wait (on the event loop, as the real one does) until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        raise AssertionError("the serving path reads with aget")
+
+    async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        import asyncio
+
+        self.entered.release()
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+        return [{"user_ctr_1h": 0.5} for _ in item_ids]
+
+
 def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
-    gate = threading.Event()
-    model = ConstantModel(0.5, gate)
+    reader, model = GatedReader(), ConstantModel(0.5)
     store = DictStore({"1": model}, {"champion": "1"})
-    with serve(store, ServingConfig(max_in_flight=2, retry_after_s=2)) as (client, server):
+    with serve(store, ServingConfig(max_in_flight=2, retry_after_s=2), reader=reader) as (client, server):
         results: list[int] = []
 
         def hold() -> None:
@@ -234,15 +248,12 @@ def test_overload_gets_503_with_retry_after_and_the_server_recovers() -> None:
         held = [threading.Thread(target=hold) for _ in range(2)]
         for t in held:
             t.start()
-        assert model.entered.acquire(timeout=30)  # one request is inside the model
-        deadline = time.monotonic() + 30
-        while server.in_flight < 2:  # the other is admitted, queued for the scoring thread
-            assert time.monotonic() < deadline, f"{server.in_flight} requests admitted, not 2"
-            time.sleep(0.01)
+        for _ in held:  # both slots taken: the two requests are reading their features
+            assert reader.entered.acquire(timeout=30)
         status, headers, body = client.score(GOOD)
         assert status == 503 and headers["Retry-After"] == "2" and "overloaded" in body["error"]
         assert client.request("GET", "/healthz")[0] == 200  # probes are not admission-controlled
-        gate.set()
+        reader.release.set()
         for t in held:
             t.join(30)
         assert results == [200, 200]
