@@ -271,17 +271,28 @@ class MlflowModelStore(ModelRegistry):
         return {"version": str(version), "block": tags.get("block"), "metrics": parent_metrics(tags)}
 
     def load(self, version: str, *, device: str | None = None) -> TorchLearner:
-        """Download ``version``'s artifacts and rebuild its learner (``weights_only=True``)."""
+        """Download ``version``'s ``MLmodel`` and learner folder and rebuild its learner
+        (``weights_only=True``).
+
+        Only those two: the rest of the model's files (environment files, input examples, the
+        pyfunc wrapper) are for ``mlflow.pyfunc`` users. Downloading the whole folder took ~12
+        requests to the MLflow server per load, and every serving worker loads every version.
+        """
         with tempfile.TemporaryDirectory(prefix="ctr-load-") as tmp:
             # Resolve the storage URI with our client: a "models:/name/version" URI is resolved by
             # MLflow with the process-global registry URI, whatever registry_uri= says.
-            uri = self.client.get_model_version_download_uri(self.name, str(version))
-            local = mlflow.artifacts.download_artifacts(
-                artifact_uri=uri, dst_path=tmp, tracking_uri=self.tracking_uri
+            uri = self.client.get_model_version_download_uri(self.name, str(version)).rstrip("/")
+            mlmodel = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{uri}/MLmodel", dst_path=tmp, tracking_uri=self.tracking_uri
             )
-            conf = Model.load(local).flavors["python_function"]
+            conf = Model.load(mlmodel).flavors["python_function"]
             rel = conf["artifacts"]["learner"]["path"]
-            learner = TorchLearner.load(Path(local) / rel, device=device)
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{uri}/{rel}",
+                dst_path=str(Path(tmp) / "learner"),
+                tracking_uri=self.tracking_uri,
+            )
+            learner = TorchLearner.load(Path(local), device=device)
         learner.version = str(version)
         return learner
 
