@@ -66,25 +66,22 @@ class FallbackFeatures:
         return self.reader is not None and not self._outage
 
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        if self.reader is not None and time.monotonic() >= self._down_until:
+        if self._may_read():
             try:
-                rows = self._read(self.reader, user_id, item_ids)
+                rows = self._read(self.reader, user_id, item_ids)  # type: ignore[arg-type]
             except Exception as exc:
                 self._failed(exc)
             else:
                 self._recovered()
                 return rows
-        with self._lock:
-            self.fallbacks += 1
-        return [dict(self._defaults) for _ in item_ids]
+        return self._fallback(item_ids)
 
     async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         """:meth:`get` for a caller on the event loop: the same deadline, fallback and counts."""
-        reader = self.reader
-        if reader is not None and time.monotonic() >= self._down_until:
+        if self._may_read():
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    rows = await self._aread(reader, user_id, item_ids)
+                    rows = await self._aread(self.reader, user_id, item_ids)  # type: ignore[arg-type]
             except Exception as exc:  # TimeoutError included: the read is cancelled, not awaited on
                 if isinstance(exc, TimeoutError):
                     exc = TimeoutError(f"online store read took longer than {self.timeout_s} s")
@@ -92,6 +89,13 @@ class FallbackFeatures:
             else:
                 self._recovered()
                 return rows
+        return self._fallback(item_ids)
+
+    def _may_read(self) -> bool:
+        """A store is configured and not in its back-off after a failure."""
+        return self.reader is not None and time.monotonic() >= self._down_until
+
+    def _fallback(self, item_ids: list[str]) -> list[dict[str, float]]:
         with self._lock:
             self.fallbacks += 1
         return [dict(self._defaults) for _ in item_ids]

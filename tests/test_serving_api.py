@@ -425,13 +425,11 @@ def test_requests_score_with_defaults_while_the_store_is_being_opened(tmp_path: 
     opener.stop()
 
 
-def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
-    """redis-py retries a failed command 3 times with back-off (seconds) by default; a serving read
-    must fail at once. Against a Redis that accepts and never answers: one connection, not four."""
+@contextmanager
+def silent_redis() -> Iterator[tuple[Any, Any]]:
+    """(listener, a Feast store stand-in pointing at it): a "Redis" that accepts and never answers."""
     import socket
     from types import SimpleNamespace
-
-    from features.redis_reader import RedisFeatureReader
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -439,7 +437,17 @@ def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
     try:
         host, port = listener.getsockname()
         online = SimpleNamespace(type="redis", redis_type="redis", connection_string=f"{host}:{port}")
-        store = SimpleNamespace(config=SimpleNamespace(online_store=online, project="p"))
+        yield listener, SimpleNamespace(config=SimpleNamespace(online_store=online, project="p"))
+    finally:
+        listener.close()
+
+
+def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
+    """redis-py retries a failed command 3 times with back-off (seconds) by default; a serving read
+    must fail at once. Against a Redis that accepts and never answers: one connection, not four."""
+    from features.redis_reader import RedisFeatureReader
+
+    with silent_redis() as (listener, store):
         reader = RedisFeatureReader.for_store(store, socket_timeout=0.05, socket_connect_timeout=0.05)
         with pytest.raises(Exception, match=r"[Tt]imeout"):
             reader.get("u", ["a"])
@@ -453,8 +461,6 @@ def test_the_direct_redis_reader_does_not_retry_a_failed_read() -> None:
         assert len(accepted) == 1
         for conn in accepted:
             conn.close()
-    finally:
-        listener.close()
 
 
 def test_an_async_read_from_a_redis_that_never_answers_ends_at_the_feature_deadline() -> None:
@@ -463,18 +469,10 @@ def test_an_async_read_from_a_redis_that_never_answers_ends_at_the_feature_deadl
     each request gets default features within about the deadline, and the abandoned connection
     is closed (its late replies must never answer a later request)."""
     import asyncio
-    import socket
-    from types import SimpleNamespace
 
     from features.redis_reader import RedisFeatureReader
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    try:
-        host, port = listener.getsockname()
-        online = SimpleNamespace(type="redis", redis_type="redis", connection_string=f"{host}:{port}")
-        store = SimpleNamespace(config=SimpleNamespace(online_store=online, project="p"))
+    with silent_redis() as (_, store):
         reader = RedisFeatureReader.for_store(store, socket_timeout=30, socket_connect_timeout=1)
         features = FallbackFeatures(reader, retry_s=0.0, timeout_s=0.05)
 
@@ -490,8 +488,6 @@ def test_an_async_read_from_a_redis_that_never_answers_ends_at_the_feature_deadl
         assert took < 10  # the deadline (0.05 s each), not the 30 s socket timeout
         assert reader.aclient.connection_pool._in_use_connections == set()
         assert all(not c.is_connected for c in reader.aclient.connection_pool._available_connections)
-    finally:
-        listener.close()
 
 
 def test_a_request_queued_when_the_replica_stops_is_answered_not_reset() -> None:
