@@ -21,19 +21,30 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Protocol, cast
 
 from features.aggregations import StreamingFeatures
 from pipeline.core.config import FeatureConfig
 
-__all__ = ["FallbackFeatures"]
+__all__ = ["FallbackFeatures", "read_async"]
 
 log = logging.getLogger(__name__)
 
 
 class _Reader(Protocol):
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]: ...
+
+
+async def read_async(
+    reader: _Reader, user_id: str, item_ids: list[str], executor: Executor | None = None
+) -> list[dict[str, float]]:
+    """``reader.aget`` awaited when the reader has one (the direct Redis reader); otherwise its
+    blocking ``get`` (Feast's SDK) on ``executor`` (None: the loop's default pool)."""
+    aget = getattr(reader, "aget", None)
+    if aget is not None:
+        return cast(list[dict[str, float]], await aget(user_id, item_ids))
+    return await asyncio.get_running_loop().run_in_executor(executor, reader.get, user_id, item_ids)
 
 
 class FallbackFeatures:
@@ -66,9 +77,10 @@ class FallbackFeatures:
         return self.reader is not None and not self._outage
 
     def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        if self._may_read():
+        reader = self._reader_now()
+        if reader is not None:
             try:
-                rows = self._read(self.reader, user_id, item_ids)  # type: ignore[arg-type]
+                rows = self._read(reader, user_id, item_ids)
             except Exception as exc:
                 self._failed(exc)
             else:
@@ -78,10 +90,11 @@ class FallbackFeatures:
 
     async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         """:meth:`get` for a caller on the event loop: the same deadline, fallback and counts."""
-        if self._may_read():
+        reader = self._reader_now()
+        if reader is not None:
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    rows = await self._aread(self.reader, user_id, item_ids)  # type: ignore[arg-type]
+                    rows = await read_async(reader, user_id, item_ids, self._pool)
             except Exception as exc:  # TimeoutError included: the read is cancelled, not awaited on
                 if isinstance(exc, TimeoutError):
                     exc = TimeoutError(f"online store read took longer than {self.timeout_s} s")
@@ -91,22 +104,14 @@ class FallbackFeatures:
                 return rows
         return self._fallback(item_ids)
 
-    def _may_read(self) -> bool:
-        """A store is configured and not in its back-off after a failure."""
-        return self.reader is not None and time.monotonic() >= self._down_until
+    def _reader_now(self) -> _Reader | None:
+        """The reader to ask, or None: no store configured, or in its back-off after a failure."""
+        return self.reader if time.monotonic() >= self._down_until else None
 
     def _fallback(self, item_ids: list[str]) -> list[dict[str, float]]:
         with self._lock:
             self.fallbacks += 1
         return [dict(self._defaults) for _ in item_ids]
-
-    async def _aread(self, reader: _Reader, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        aget = getattr(reader, "aget", None)
-        if aget is not None:
-            rows: list[dict[str, float]] = await aget(user_id, item_ids)
-            return rows
-        loop = asyncio.get_running_loop()  # a blocking reader (Feast's SDK): on the pool
-        return await loop.run_in_executor(self._pool, reader.get, user_id, item_ids)
 
     def _recovered(self) -> None:
         if self._outage:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import gc
 import logging
@@ -10,14 +9,14 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.checkpoints import file_lock
 from pipeline.core.config import Config
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
-from serving_bridge.feature_fallback import FallbackFeatures
+from serving_bridge.feature_fallback import FallbackFeatures, read_async
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer, bind, kafka_partition, listen_for_swaps, serve_workers
 from trainers.registry import MlflowModelStore
@@ -123,12 +122,7 @@ class BackgroundFeatureReader:
     async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
         """:meth:`get` on the event loop: the direct reader's own ``aget``; Feast's SDK (which
         blocks) on a thread."""
-        reader = self._open()
-        aget = getattr(reader, "aget", None)
-        if aget is None:
-            rows: list[dict[str, float]] = await asyncio.to_thread(reader.get, user_id, item_ids)
-            return rows
-        return cast(list[dict[str, float]], await aget(user_id, item_ids))
+        return await read_async(self._open(), user_id, item_ids)
 
     def _open(self) -> Any:
         reader = self._reader

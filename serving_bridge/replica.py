@@ -12,7 +12,6 @@ The replica learns about a new version by polling the store (``poll_interval_s``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 from pipeline.core.events import Impression
 from pipeline.core.partitioning import item_shard_key
 from pipeline.core.pseudonyms import Pseudonymizer
+from serving_bridge.feature_fallback import read_async
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 
@@ -168,21 +168,14 @@ class Replica:
         """Click probability of ``user_id`` for each candidate item, features included."""
         current, user, shard_keys = self._begin(user_id, item_ids)
         feats = None if self.features is None else self.features.get(user, shard_keys)
-        return self.finish(current, user, context, item_ids, feats, ts_ms)
+        return self._finish(current, user, context, item_ids, feats, ts_ms)
 
     async def ascore(self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]) -> ScoreResult:
         """:meth:`score` for a caller on the event loop: the feature read is awaited there (a
         reader without ``aget`` runs on the loop's default thread pool), the forward runs inline."""
         current, user, shard_keys = self._begin(user_id, item_ids)
-        feats = None
-        if self.features is not None:
-            aget = getattr(self.features, "aget", None)
-            if aget is not None:
-                feats = await aget(user, shard_keys)
-            else:
-                loop = asyncio.get_running_loop()
-                feats = await loop.run_in_executor(None, self.features.get, user, shard_keys)
-        return self.finish(current, user, context, item_ids, feats)
+        feats = None if self.features is None else await read_async(self.features, user, shard_keys)
+        return self._finish(current, user, context, item_ids, feats)
 
     def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
         """The model this request finishes on, the user's pseudonym and the items' feature keys."""
@@ -193,7 +186,7 @@ class Replica:
         shard = self.shard_of(user_id) if self.shard_of is not None else None
         return current, self.pseudonymize(user_id), [item_shard_key(i, shard) for i in item_ids]
 
-    def finish(
+    def _finish(
         self,
         current: LoadedModel,
         user: str,

@@ -234,8 +234,7 @@ class TorchLearner:
         )
         self.frozen = False
         self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
-        self.inference = "eager"  # the forward predict runs (trainers.inference); see use_inference
-        self._scorer: Scorer | None = None
+        self._scorer: Scorer | None = None  # the traced forward of use_inference; None: eager
 
     @property
     def model_spec(self) -> dict[str, Any]:
@@ -320,8 +319,12 @@ class TorchLearner:
                 device=self.device,
                 amp_dtype=self._amp_dtype,
             )
-        self.inference = path if self._scorer is not None else "eager"
         return self.inference
+
+    @property
+    def inference(self) -> str:
+        """The forward :meth:`predict` runs: ``torchscript`` while a traced graph is in use."""
+        return "eager" if self._scorer is None else "torchscript"
 
     def predict_rows(
         self, impressions: Sequence[Impression], stream_features: Sequence[Mapping[str, float]]
@@ -357,7 +360,6 @@ class TorchLearner:
         if self._scorer is not None:  # a traced graph is not copied: use_inference rebuilds one
             memo[id(self._scorer)] = None
         twin = copy.deepcopy(self, memo)
-        twin.inference = "eager"
         if frozen:
             twin._sparse_opt = twin._wide_opt = twin._linear_opt = twin._dense_opt = None
             twin.frozen = True
