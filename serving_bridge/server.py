@@ -177,6 +177,13 @@ class ReplicaServer:
             self._thread.join(timeout_s)
 
 
+def _worker_main(
+    worker: Callable[[socket.socket], None], listener: socket.socket, log_setup: logs.LogSetup
+) -> None:
+    logs.restore(log_setup)  # a spawned process starts with logging unconfigured
+    worker(listener)
+
+
 def serve_workers(
     workers: int,
     listener: socket.socket,
@@ -198,7 +205,9 @@ def serve_workers(
         os.environ[var] = metrics_dir
 
     def start() -> Any:
-        proc = spawn.Process(target=worker, args=(listener,), name=f"{what}-worker", daemon=False)
+        proc = spawn.Process(
+            target=_worker_main, args=(worker, listener, logs.snapshot()), name=f"{what}-worker", daemon=False
+        )
         proc.start()
         return proc
 

@@ -20,7 +20,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["JsonFormatter", "set_context", "use_json_logs"]
+__all__ = ["JsonFormatter", "LogSetup", "restore", "set_context", "snapshot", "use_json_logs"]
 
 _context: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -61,3 +61,25 @@ def use_json_logs(level: int) -> None:
     root.setLevel(level)
     # kafka-python logs every connection step at INFO: journald would drown in it
     logging.getLogger("kafka").setLevel(max(level, logging.WARNING))
+
+
+LogSetup = tuple[int, str | None, bool]  # level, format string, JSON lines
+
+
+def snapshot() -> LogSetup:
+    """The root logger's level and its first handler's format, for :func:`restore` in a process
+    started with ``multiprocessing``'s spawn (which starts with logging unconfigured)."""
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    fmt = getattr(formatter, "_fmt", None)
+    return root.level, fmt if isinstance(fmt, str) else None, isinstance(formatter, JsonFormatter)
+
+
+def restore(setup: LogSetup) -> None:
+    """Log as the process that took ``setup`` did: same level, same format, on stderr."""
+    level, fmt, json_lines = setup
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
