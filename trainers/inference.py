@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
-__all__ = ["INFERENCE_PATHS", "Scorer", "frozen_scorer", "probe_inputs"]
+__all__ = ["INFERENCE_PATHS", "Scorer", "frozen_scorer", "load_scorer", "probe_inputs", "save_scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,41 @@ def probe_inputs(
     ids = torch.randint(0, hash_buckets, (n_rows, n_fields), generator=gen)
     dense = torch.rand(n_rows, n_dense, generator=gen)
     return ids.to(device), dense.to(device)
+
+
+def _warm(scorer: Scorer, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """Run ``scorer`` on the probe batch as a request would; its last output. TorchScript's profiling
+    executor optimises a graph on its first runs in each process: here, not on a request."""
+    for _ in range(3):
+        scorer(ids[:1], dense[:1])
+        got = scorer(ids, dense).float()
+    return got
+
+
+def save_scorer(scorer: Scorer, path: Path) -> None:
+    """Write a traced scorer to ``path`` (``torch.jit.save``)."""
+    torch.jit.save(scorer, str(path))
+
+
+def load_scorer(
+    path: Path,
+    *,
+    n_fields: int,
+    n_dense: int,
+    hash_buckets: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+) -> Scorer:
+    """A scorer written by :func:`save_scorer`, loaded onto ``device`` and warmed.
+
+    About 3 ms here for the default DeepFM, and ``torch.jit.load`` does not hold the GIL: what a
+    serving worker does at a swap once the tracing has been done elsewhere (serving_bridge.model_cache).
+    """
+    scorer: Scorer = torch.jit.load(str(path), map_location=device)
+    ids, dense = probe_inputs(_PROBE_ROWS, n_fields, n_dense, hash_buckets, device)
+    with torch.inference_mode(), _autocast(device, amp_dtype):
+        _warm(scorer, ids, dense)
+    return scorer
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
@@ -75,9 +111,7 @@ def frozen_scorer(
             frozen = torch.jit.freeze(torch.jit.trace(model, (ids, dense), check_trace=False))
         with torch.inference_mode(), _autocast(device, amp_dtype):
             want = model(ids, dense).float()
-            for _ in range(3):  # the profiling executor optimises on its first runs: here, not on a request
-                frozen(ids[:1], dense[:1])
-                got = frozen(ids, dense).float()
+            got = _warm(frozen, ids, dense)
         gap = float((got - want).abs().max())
     except Exception as exc:  # an op TorchScript cannot trace, torch.jit gone in a later torch
         log.warning("inference: tracing %s failed (%r); scoring eagerly", type(model).__name__, exc)

@@ -42,7 +42,7 @@ from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
 from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
-from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer
+from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer, load_scorer, save_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 
@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 FORMAT = "ctr-online/torch-learner/1"
+SCORER_FILE = "scorer.pt"  # save_for_serving: the traced forward beside weights.pt
 _PREDICT_CHUNK = 65_536  # rows per forward pass when scoring: bounds activation memory
 
 # What learn/predict accept: labelled examples, (impression, stream_features) rows, a pair
@@ -395,6 +396,31 @@ class TorchLearner:
         torch.save(state, out / "weights.pt")
         (out / "spec.json").write_text(json.dumps(self.spec(), indent=1, sort_keys=True))
         return out
+
+    def save_for_serving(self, path: str | Path) -> Path:
+        """:meth:`save` without the optimizer moments, plus the traced scorer (``scorer.pt``) while
+        one is in use: what :meth:`load_for_serving` reads, with no tracing left to do."""
+        out = self.save(path, optimizer=False)
+        if self._scorer is not None:
+            save_scorer(self._scorer, out / SCORER_FILE)
+        return out
+
+    @classmethod
+    def load_for_serving(cls, path: str | Path, *, device: str | None = None) -> TorchLearner:
+        """A learner written by :meth:`save_for_serving`, scoring through its saved traced scorer
+        when there is one (loaded and warmed: ~3 ms, against ~20-90 ms to trace it again)."""
+        learner = cls.load(path, device=device)
+        scorer = Path(path) / SCORER_FILE
+        if scorer.is_file():
+            learner._scorer = load_scorer(
+                scorer,
+                n_fields=len(learner.encoder.fields),
+                n_dense=len(learner.encoder.dense_names),
+                hash_buckets=learner.encoder.hash_buckets,
+                device=learner.device,
+                amp_dtype=learner._amp_dtype,
+            )
+        return learner
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | None = None) -> TorchLearner:
