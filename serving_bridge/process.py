@@ -17,6 +17,7 @@ from pipeline.core.config import Config
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures, read_async
+from serving_bridge.model_cache import ModelHelper, PreparedModelStore
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer, bind, kafka_partition, listen_for_swaps, serve_workers
 from trainers.registry import MlflowModelStore
@@ -194,8 +195,17 @@ def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool 
         import torch
 
         torch.set_num_threads(cfg.serving.torch_threads)
-    store = MlflowModelStore(cfg.registry, cfg.registry.tracking_uri)
-    feast_dir = Path(cfg.daemon.state_dir).expanduser() / "joiner" / "feast"
+    state_dir = Path(cfg.daemon.state_dir).expanduser()
+    # versions are downloaded and traced by a helper process, not beside the requests
+    # (serving_bridge.model_cache); forked first, before this process has threads or connections
+    helper = ModelHelper(cfg.registry, cfg.registry.tracking_uri).start("fork", not_inherited=[listener])
+    store = PreparedModelStore(
+        MlflowModelStore(cfg.registry, cfg.registry.tracking_uri),
+        state_dir / "serving" / "models" / cfg.registry.model_name,
+        helper,
+        inference=cfg.serving.inference,
+    )
+    feast_dir = state_dir / "joiner" / "feast"
     reader = BackgroundFeatureReader(
         lambda: feature_reader(cfg, feast_dir), feast_dir, retry_s=cfg.serving.feature_retry_s
     ).start()
@@ -218,7 +228,7 @@ def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool 
             alias=alias,
             poll_interval_s=cfg.serving.poll_interval_s,
             shard_of=lambda user: kafka_partition(user, partitions),
-            inference=cfg.serving.inference,
+            inference="eager",  # as the store loads it: traced already when serving.inference says so
         )
 
     challenger = replica(cfg.serving.challenger_alias) if cfg.serving.challenger_share > 0 else None
@@ -234,3 +244,4 @@ def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool 
         reader.stop()
         router.stop()
         features.close()
+        store.close()

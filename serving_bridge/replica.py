@@ -66,7 +66,7 @@ class Replica:
     retry_failed_after_s: float = 30.0
     shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
     on_swap: Callable[[], None] | None = None  # called on the watcher thread after each swap
-    inference: str = "eager"  # serving.inference: how a loaded version runs (TorchLearner.use_inference)
+    inference: str = "eager"  # serving.inference applied to each loaded version; eager: as the store loads it
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
     load_errors: int = 0
     alias_check_errors: int = 0  # registry lookups that failed (MLflow away)

@@ -1,0 +1,260 @@
+"""Versions prepared for serving off the request path: a low-priority helper process per worker,
+one folder per version on the host.
+
+Why: a swap did all its work in the serving worker: four MLflow requests, rebuilding the learner
+with its optimizer, tracing and freezing TorchScript, ~150-250 ms of CPU per worker per swap beside
+the requests (p99 during swaps 101 ms at 200 req/s x 8 connections, ``benchmarks/serving.py``).
+Now :class:`PreparedModelStore` (the replica's store in ``ctr serve``) splits a load in two:
+
+- **prepare** (:func:`prepare`): download the version from the registry, trace it
+  (``serving.inference``) and write it with ``TorchLearner.save_for_serving`` into
+  ``<state_dir>/serving/models/<model>/<version>-<inference>/``. A helper process does it, spawned
+  by the worker at start and set to nice 19, so the kernel runs it on the CPU the requests leave.
+  The workers of a host share the folder: the first that needs a version has it prepared, the
+  others wait on the folder's lock and find it there (one download per host, not one per worker).
+- **load**: the worker reads the folder (``TorchLearner.load_for_serving``: ~10 ms; ``torch.jit.load``
+  does not hold the GIL) and the replica warms and swaps as before.
+
+A worker's first load (at start, nothing is being served yet) is prepared in the worker itself:
+start-up does not wait for the helper's imports. A version that fails to prepare raises in the
+worker with the helper's reason (the replica counts the load error and stays on its version); a
+helper that died or hangs past ``PREPARE_TIMEOUT_S`` is replaced at the next load. The helper
+exits when its worker does (its end of the pipe closes). Old folders are removed once ``keep``
+newer ones exist: a loaded model lives in the workers' memory, the folder only serves loads.
+
+No library here: the helper is a ``multiprocessing`` process and a pipe; the folder and lock are
+what :mod:`pipeline.core.checkpoints` already uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import logs
+from pipeline.core.checkpoints import file_lock
+from pipeline.core.config import RegistryConfig
+
+__all__ = ["PREPARE_TIMEOUT_S", "ModelHelper", "PreparedModelStore", "prepare"]
+
+log = logging.getLogger(__name__)
+
+PREPARE_TIMEOUT_S = 300.0  # a helper that has not answered by then is killed (MLflow hung)
+_HELPER_NICE = 19
+_EVICT_AFTER_S = 60.0  # a folder is only removed this long after it was written (no load is that slow)
+
+
+def prepare(store: Any, version: str, folder: Path, inference: str, device: str | None) -> None:
+    """Download ``version`` from ``store`` (an ``MlflowModelStore``), trace it, write it to ``folder``."""
+    learner = store.load(version, device=device)
+    if inference != "eager":
+        learner.use_inference(inference)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    learner.save_for_serving(tmp)
+    os.replace(tmp, folder)  # whole or absent: a reader never sees half a version
+
+
+def _helper_main(
+    conn: Connection,
+    registry: RegistryConfig,
+    tracking_uri: str,
+    device: str | None,
+    log_setup: logs.LogSetup,
+    close: Sequence[int],
+) -> None:
+    """The helper process: prepare each ``(version, folder, inference)`` its worker sends; answer
+    None or the reason it failed. Returns when the worker's end of the pipe closes."""
+    for fd in close:  # a forked worker's: its end of the pipe, its listener
+        os.close(fd)
+    logs.restore(log_setup)
+    import torch
+
+    from trainers.registry import MlflowModelStore
+
+    torch.set_num_threads(1)  # it runs beside the requests: one core's idle time at most
+    store = _warmed_store(registry, tracking_uri, device)
+    while True:
+        try:
+            version, folder, inference = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            store = store or MlflowModelStore(registry, tracking_uri)
+            prepare(store, version, Path(folder), inference, device)
+            answer = None
+        except Exception as exc:  # the worker raises it: a load error, counted there
+            answer = f"{type(exc).__name__}: {exc}"
+        conn.send(answer)
+
+
+def _warmed_store(registry: RegistryConfig, tracking_uri: str, device: str | None) -> Any:
+    """The helper's registry store, its first prepare done: making the store and the first download
+    and trace import and set up ~7 s of code here, at start, not at the first swap. It prepares the
+    champion (if any) into a folder of its own, thrown away; None if MLflow is away (made later)."""
+    from trainers.registry import MlflowModelStore
+
+    try:
+        store = MlflowModelStore(registry, tracking_uri)
+        version = store.resolve(registry.champion_alias)
+        if version is not None:
+            with tempfile.TemporaryDirectory(prefix="ctr-helper-warm-") as tmp:
+                prepare(store, version, Path(tmp) / "warm", "torchscript", device)
+    except Exception as exc:  # MLflow away, no model yet: the first request does it
+        log.info("serve: the model helper could not warm up (%r); it will at its first version", exc)
+        return None
+    return store
+
+
+class ModelHelper:
+    """The helper process of one worker (module doc) and its end of the pipe."""
+
+    def __init__(self, registry: RegistryConfig, tracking_uri: str, device: str | None = None) -> None:
+        self.registry, self.tracking_uri, self.device = registry, tracking_uri, device
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one question at a time (the champion and challenger watchers)
+
+    def start(self, method: str = "spawn", *, not_inherited: Sequence[socket.socket] = ()) -> ModelHelper:
+        """Start the process: ``fork`` (no imports to redo: what ``ctr serve`` uses, at its start,
+        before it has threads or connections a child could inherit half-used; ``not_inherited``:
+        sockets the child closes at once, such as the listener) or ``spawn``."""
+        ctx: Any = multiprocessing.get_context(method)
+        ours, theirs = ctx.Pipe()
+        # a forked child holds every descriptor of this process: its copy of our end of the pipe
+        # would keep its recv from ever seeing this process exit
+        close = [ours.fileno(), *(s.fileno() for s in not_inherited)] if method == "fork" else []
+        proc = ctx.Process(
+            target=_helper_main,
+            args=(theirs, self.registry, self.tracking_uri, self.device, logs.snapshot(), close),
+            name="serve-model-helper",
+            daemon=True,
+        )
+        proc.start()
+        theirs.close()
+        assert proc.pid is not None  # started
+        try:  # at once, while it is still starting: all of its work runs at low priority
+            os.setpriority(os.PRIO_PROCESS, proc.pid, _HELPER_NICE)
+        except OSError:
+            log.warning("serve: could not lower the model helper's priority", exc_info=True)
+        self._proc, self._conn = proc, ours
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else int(self._proc.pid)
+
+    def prepare(self, version: str, folder: Path, inference: str) -> None:
+        """Have the helper prepare ``version`` into ``folder``; raises its reason if it failed. A
+        helper that died or does not answer in ``PREPARE_TIMEOUT_S`` is replaced (spawned: the
+        worker has threads by now) for the next call."""
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self.close()
+                self.start("spawn")
+            assert self._conn is not None
+            try:
+                self._conn.send((version, str(folder), inference))
+                if not self._conn.poll(PREPARE_TIMEOUT_S):
+                    raise TimeoutError(f"the model helper did not prepare version {version} in time")
+                answer = self._conn.recv()
+            except (OSError, EOFError, TimeoutError):
+                self.close()
+                raise
+        if answer is not None:
+            raise RuntimeError(f"preparing version {version} failed in the model helper: {answer}")
+
+    def kill(self) -> None:
+        """SIGKILL the process (what an OOM kill does; tests)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # the helper's recv ends: it returns
+        if self._proc is not None:
+            self._proc.join(timeout=5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        self._proc = self._conn = None
+
+
+@dataclass
+class PreparedModelStore:
+    """A replica's store: aliases resolved by the registry, versions loaded through the host's
+    folder of prepared versions, prepared by ``helper`` (module doc)."""
+
+    registry: Any  # trainers.registry.MlflowModelStore
+    root: Path  # <state_dir>/serving/models/<model name>
+    helper: ModelHelper
+    inference: str = "torchscript"
+    device: str | None = None
+    keep: int = 4  # prepared versions kept in the folder
+    prepared_here: int = 0  # versions this worker prepared itself (its first load)
+    prepared_by_helper: int = 0
+    _loads: int = field(default=0, init=False, repr=False)
+
+    def close(self) -> None:
+        self.helper.close()
+
+    def resolve(self, alias: str) -> str | None:
+        return self.registry.resolve(alias)
+
+    def load(self, version: str) -> Any:
+        from trainers.learner import TorchLearner
+
+        folder = self.root / f"{version}-{self.inference}"
+        # one lock per host folder: a worker preparing this version (wait, then read it), or
+        # removing old ones (the folder read here is not removed under it)
+        with file_lock(self.root / ".lock"):
+            started = time.perf_counter()
+            if not folder.is_dir():
+                where = "here" if self._loads == 0 else "by the helper"
+                if self._loads == 0:  # nothing is served yet: no request to keep the CPU for
+                    prepare(self.registry, str(version), folder, self.inference, self.device)
+                    self.prepared_here += 1
+                else:
+                    self.helper.prepare(str(version), folder, self.inference)
+                    self.prepared_by_helper += 1
+                self._evict(folder)
+                log.info(
+                    "serve: version %s prepared %s in %.2f s", version, where, time.perf_counter() - started
+                )
+            loading = time.perf_counter()
+            learner = TorchLearner.load_for_serving(folder, device=self.device)
+            log.info(
+                "serve: version %s loaded in %.3f s (%.2f s with the lock wait)",
+                version,
+                time.perf_counter() - loading,
+                time.perf_counter() - started,
+            )
+        self._loads += 1
+        learner.version = str(version)
+        return learner
+
+    def _evict(self, newest: Path) -> None:
+        """Remove prepared versions beyond the ``keep`` newest, and half-written ones a crash left,
+        none of them written in the last minute."""
+        now = time.time()
+        folders = sorted(
+            (p for p in self.root.iterdir() if p.is_dir() and p != newest),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        done = [p for p in folders if ".tmp-" not in p.name]
+        for old in done[self.keep - 1 :] + [p for p in folders if ".tmp-" in p.name]:
+            if now - old.stat().st_mtime > _EVICT_AFTER_S:
+                shutil.rmtree(old, ignore_errors=True)
