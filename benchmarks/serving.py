@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,6 +160,7 @@ def start_replica(env: dict[str, str], feature_path: str, log: Path) -> tuple[su
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/readyz")
             if conn.getresponse().status == 200:
+                settle(proc.pid)
                 return proc, port
         except OSError:
             pass
@@ -171,16 +173,25 @@ def start_replica(env: dict[str, str], feature_path: str, log: Path) -> tuple[su
 def flip_alias(
     args: argparse.Namespace, model_name: str, versions: list[str], stop: threading.Event, flips: list[float]
 ) -> None:
-    """Move ``champion`` between the two versions every ``--swap-every`` s and announce it."""
+    """Move ``champion`` between the two versions every ``--swap-every`` s and announce it.
+
+    Each time, the version moved to is first removed from the replica host's folder of prepared
+    versions (serving_bridge.model_cache), so every swap downloads and traces it again, as a new
+    version would be: flipping between two versions must not measure a warm cache.
+    """
     import redis
     from mlflow import MlflowClient
 
+    from pipeline.core.checkpoints import file_lock
     from serving_bridge.server import NOTIFY_CHANNEL
 
     client = MlflowClient(tracking_uri=args.mlflow_uri, registry_uri=args.mlflow_uri)
     bus = redis.Redis.from_url(args.redis_url)
     k = 1
     while not stop.wait(args.swap_every):
+        with file_lock(args.prepared / ".lock"):
+            for folder in args.prepared.glob(f"{versions[k % 2]}-*"):
+                shutil.rmtree(folder)
         client.set_registered_model_alias(model_name, "champion", versions[k % 2])
         bus.publish(NOTIFY_CHANNEL, b"1")
         flips.append(time.time())
@@ -195,6 +206,21 @@ def swaps_of(port: int) -> float:
 def fallbacks_of(port: int) -> float:
     """Requests the replica scored with default features (its store read failed or was late)."""
     return counter_of(port, "ctr_serving_feature_fallbacks_total")
+
+
+def settle(pid: int, quiet_share: float = 0.05, timeout_s: float = 120.0) -> None:
+    """Wait until ``pid`` and its children use under ``quiet_share`` of a core over a second: its
+    other workers and the model helpers have started and warmed up, and no measured phase pays
+    for it."""
+    deadline = time.monotonic() + timeout_s
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = cpu_seconds(pid)
+        if now - before < quiet_share:
+            return
+        before = now
+    print(f"  (the replica was still busy after {timeout_s:.0f} s; measuring anyway)", flush=True)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -364,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="ctr-bench-serving-") as tmp:
         state = Path(tmp) / "state"
+        args.prepared = state / "serving" / "models" / model_name  # the replica's prepared versions
         try:
             print(
                 f"set-up: Feast store on {db15} (project {project}), two versions of {model_name} ...",
