@@ -13,7 +13,8 @@ One run measures, against the real services (Redis, the MLflow server):
   (:mod:`features.redis_reader`) vs Feast's SDK (:class:`features.store.OnlineFeatureReader`);
 - ``redis``: a ``ctr serve`` process with ``serving.feature_path = redis``, steady state;
 - ``redis+swaps``: the same process while the ``champion`` alias flips between two versions every
-  ``--swap-every`` seconds (each flip: the replica downloads, loads and warms a version);
+  ``--swap-every`` seconds (each flip: the replica's helper downloads and traces the version, cold:
+  it is first removed from the host's prepared folder; its workers load and warm it);
 - ``feast``: a ``ctr serve`` process with ``serving.feature_path = feast`` (the reference), steady.
 
 Open loop: request *k* is due at ``t0 + k / rate`` whatever happened before; its latency is counted

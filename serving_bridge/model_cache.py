@@ -1,26 +1,33 @@
-"""Versions prepared for serving off the request path: a low-priority helper process per worker,
-one folder per version on the host.
+"""Versions prepared for serving off the request path: a helper process per worker, one folder
+per version on the host.
 
-Why: a swap did all its work in the serving worker: four MLflow requests, rebuilding the learner
-with its optimizer, tracing and freezing TorchScript, ~150-250 ms of CPU per worker per swap beside
-the requests (p99 during swaps 101 ms at 200 req/s x 8 connections, ``benchmarks/serving.py``).
-Now :class:`PreparedModelStore` (the replica's store in ``ctr serve``) splits a load in two:
+Why: a swap did all its work in the serving worker, on a thread beside the requests: four MLflow
+requests, rebuilding the learner with its optimizer, tracing and freezing TorchScript; ~250 ms of
+CPU per worker per swap, with the GIL taken from the event loop every few ms (p99 during swaps
+101 ms at 200 req/s x 8 connections, ``benchmarks/serving.py``). Now :class:`PreparedModelStore`
+(the replica's store in ``ctr serve``) splits a load in two:
 
 - **prepare** (:func:`prepare`): download the version from the registry, trace it
   (``serving.inference``) and write it with ``TorchLearner.save_for_serving`` into
-  ``<state_dir>/serving/models/<model>/<version>-<inference>/``. A helper process does it, spawned
-  by the worker at start and set to nice 19, so the kernel runs it on the CPU the requests leave.
-  The workers of a host share the folder: the first that needs a version has it prepared, the
-  others wait on the folder's lock and find it there (one download per host, not one per worker).
-- **load**: the worker reads the folder (``TorchLearner.load_for_serving``: ~10 ms; ``torch.jit.load``
+  ``<state_dir>/serving/models/<model>/<version>-<inference>/``. The worker's helper process does
+  it: ~95 ms of its CPU and ~55 ms of the MLflow server's per version, measured here. The workers
+  of a host share the folder: the first that needs a version has it prepared, the others wait on
+  the folder's lock and find it there (one download and one trace per host, not per worker).
+- **load**: the worker reads the folder (``TorchLearner.load_for_serving``: ~20 ms; ``torch.jit.load``
   does not hold the GIL) and the replica warms and swaps as before.
 
-A worker's first load (at start, nothing is being served yet) is prepared in the worker itself:
-start-up does not wait for the helper's imports. A version that fails to prepare raises in the
-worker with the helper's reason (the replica counts the load error and stays on its version); a
-helper that died or hangs past ``PREPARE_TIMEOUT_S`` is replaced at the next load. The helper
-exits when its worker does (its end of the pipe closes). Old folders are removed once ``keep``
-newer ones exist: a loaded model lives in the workers' memory, the folder only serves loads.
+The helper is forked by ``ctr serve`` at its start, before the process has threads or connections
+(so it inherits the imports, ~4 s of CPU, instead of redoing them), closes what it must not hold
+(the worker's end of the pipe, the listener), then warms up by preparing the current champion
+once into a folder of its own. It runs at nice 19. That is right in general, but on this 2-vCPU
+VM priority did not protect the requests: two nice-19 busy loops took the steady p99 from ~8 to
+54 ms (31 ms under SCHED_IDLE), because the two vCPUs share a core's resources. So what counts is
+doing less work per swap, which this does. The worker's first load (at start, nothing served yet)
+is prepared in the worker itself. A version that fails to prepare raises in the worker with the
+helper's reason (the replica counts the load error and stays on its version); a helper that died
+or hangs past ``PREPARE_TIMEOUT_S`` is replaced (spawned: by then the worker has threads). The
+helper exits when its worker does (its end of the pipe closes). Old folders are removed once
+``keep`` newer ones exist: a loaded model lives in the workers' memory, the folder only serves loads.
 
 No library here: the helper is a ``multiprocessing`` process and a pipe; the folder and lock are
 what :mod:`pipeline.core.checkpoints` already uses.
