@@ -11,8 +11,8 @@ The event loop does all of a request: it parses, admits, awaits the feature read
 (a pool of eight spent a third of the replica's py-spy samples waiting for it; one scoring thread
 beside the loop cost 5-10% more CPU per request than none, and longer tails). Processes
 (``serving.workers``) use the other cores. A forward that hangs stops its process's loop and its
-``/healthz``; with one process systemd's watchdog (pinged from that loop) then restarts it, while
-the parent of several workers restarts a worker that dies, not one that hangs. At most
+``/healthz``; with one process systemd's watchdog (pinged from that loop) then restarts it; the
+parent of several workers replaces one whose loop has not ticked for ``serving.worker_hang_s``. At most
 ``serving.max_in_flight`` requests are admitted at once: one more is answered ``503`` with
 ``Retry-After`` at once, so latency stays bounded under overload. A request takes the model
 reference once (:meth:`Replica.ascore`), so it finishes on the version it started with whatever

@@ -8,6 +8,7 @@ import logging
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,9 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
     if workers <= 1:
         serve_replica(cfg, name, listener, notify=True)
     else:
-        serve_workers(workers, listener, functools.partial(serve_replica, cfg, name))
+        serve_workers(
+            workers, listener, functools.partial(serve_replica, cfg, name), hang_s=cfg.serving.worker_hang_s
+        )
 
 
 def tune_for_latency() -> None:
@@ -188,8 +191,16 @@ def freeze_after_swap() -> None:
     gc.freeze()
 
 
-def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool = False) -> None:
-    """One serving process on ``listener``: its models, alias watchers and feature reader."""
+def serve_replica(
+    cfg: Config,
+    name: str,
+    listener: socket.socket,
+    heartbeat: Callable[[], None] | None = None,
+    *,
+    notify: bool = False,
+) -> None:
+    """One serving process on ``listener``: its models, alias watchers and feature reader
+    (``heartbeat``: a worker's, called from its event loop; ``notify``: systemd's main process)."""
     if cfg.serving.torch_threads > 0:
         # 100 rows per request are too few to split across cores; parallel requests use them instead
         import torch
@@ -235,7 +246,9 @@ def serve_replica(cfg: Config, name: str, listener: socket.socket, notify: bool 
     router = ABRouter(replica(cfg.registry.champion_alias), challenger, cfg.serving.challenger_share).start()
     stop = threading.Event()
     listen_for_swaps(cfg.daemon.redis_url, router, stop)
-    server = ReplicaServer("", 0, router, cfg.serving, features=features, listener=listener, notify=notify)
+    server = ReplicaServer(
+        "", 0, router, cfg.serving, features=features, listener=listener, notify=notify, heartbeat=heartbeat
+    )
     tune_for_latency()
     try:
         server.serve_until_signal()

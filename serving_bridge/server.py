@@ -11,7 +11,8 @@ forked: torch and threads do not survive a fork) that all accept on it, so throu
 cores; each worker loads its own models and watches the aliases itself, and hot-swaps as one
 process does. The parent is systemd's main process: it says READY once the port is bound (a fresh
 deployment has no champion yet; ``GET /readyz`` answers 503 until one is loaded), feeds the
-watchdog while every worker lives, restarts a worker that dies, and on SIGTERM passes the signal
+watchdog while every worker lives and ticks, replaces a worker that dies or hangs (its event loop
+silent for ``serving.worker_hang_s``: a heartbeat in shared memory), and on SIGTERM passes the signal
 on and waits: each worker stops accepting, answers its queue and its in-flight requests, and exits.
 
 The replica watches its aliases by polling MLflow and by a Redis pub/sub message the trainer
@@ -28,6 +29,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -106,8 +108,10 @@ class ReplicaServer:
         features: FallbackFeatures | None = None,
         listener: socket.socket | None = None,
         notify: bool = True,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.app = ScoringApp(router, cfg, features=features)
+        self.heartbeat = heartbeat  # a worker of serve_workers: its event loop is alive
         self.listener = listener if listener is not None else bind(host, port)
         self.address = self.listener.getsockname()[:2]
         self.notify = notify
@@ -140,7 +144,10 @@ class ReplicaServer:
         systemd.stopping("serve: stopping after in-flight requests")
 
     def _tick(self) -> None:
-        """Every 0.1 s on the event loop: READY once, the watchdog, a swap reported."""
+        """Every 0.1 s on the event loop: READY once, the watchdog (or the parent's heartbeat), a
+        swap reported."""
+        if self.heartbeat is not None:
+            self.heartbeat()
         version = self.app.replica.version
         if self.notify:
             if not self._told_ready:
@@ -178,20 +185,31 @@ class ReplicaServer:
 
 
 def _worker_main(
-    worker: Callable[[socket.socket], None], listener: socket.socket, log_setup: logs.LogSetup
+    worker: Callable[[socket.socket, Callable[[], None]], None],
+    listener: socket.socket,
+    log_setup: logs.LogSetup,
+    beat: Any,
 ) -> None:
     logs.restore(log_setup)  # a spawned process starts with logging unconfigured
-    worker(listener)
+
+    def heartbeat() -> None:
+        beat.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
+
+    worker(listener, heartbeat)
 
 
 def serve_workers(
     workers: int,
     listener: socket.socket,
-    worker: Callable[[socket.socket], None],
+    worker: Callable[[socket.socket, Callable[[], None]], None],
     *,
     what: str = "serve",
+    hang_s: float = 30.0,
 ) -> None:
-    """Run ``worker(listener)`` in ``workers`` spawned processes until SIGTERM (see the module doc).
+    """Run ``worker(listener, heartbeat)`` in ``workers`` spawned processes until SIGTERM (see the
+    module doc). A worker calls ``heartbeat()`` from its event loop (:class:`ReplicaServer` does,
+    every 0.1 s); one that has beaten once and then not for ``hang_s`` is hung (a forward or a
+    read that never returns, a deadlock): it is killed and replaced, as one that died.
 
     ``worker`` must be picklable (a module-level function or a :func:`functools.partial` of one).
     """
@@ -203,10 +221,17 @@ def serve_workers(
     # prometheus-client reads both spellings; Feast keeps whatever is set when it is imported
     for var in ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR", MULTIPROC_MARKER):
         os.environ[var] = metrics_dir
+    # each worker's last heartbeat (time.monotonic()); 0 until its event loop runs: start-up (its
+    # imports, MLflow away) is not a hang
+    beats = [spawn.Value("d", 0.0, lock=False) for _ in range(workers)]
 
-    def start() -> Any:
+    def start(i: int) -> Any:
+        beats[i].value = 0.0
         proc = spawn.Process(
-            target=_worker_main, args=(worker, listener, logs.snapshot()), name=f"{what}-worker", daemon=False
+            target=_worker_main,
+            args=(worker, listener, logs.snapshot(), beats[i]),
+            name=f"{what}-worker",
+            daemon=False,
         )
         proc.start()
         return proc
@@ -218,12 +243,15 @@ def serve_workers(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    procs = [start() for _ in range(workers)]
+    procs = [start(i) for i in range(workers)]
     host, port = listener.getsockname()[:2]
     systemd.ready(f"{what}: listening on {host}:{port} with {workers} worker processes")
     while not stop.wait(0.2):
         for i, proc in enumerate(procs):
-            if not proc.is_alive() and not stop.is_set():
+            if stop.is_set():
+                break
+            silent = time.monotonic() - beats[i].value
+            if not proc.is_alive():
                 log.error(
                     "%s: worker %d (pid %s) exited with %s; starting another",
                     what,
@@ -231,8 +259,20 @@ def serve_workers(
                     proc.pid,
                     proc.exitcode,
                 )
-                procs[i] = start()
-        systemd.watchdog()  # every worker is alive (or was just restarted)
+            elif beats[i].value > 0 and silent > hang_s:
+                log.error(
+                    "%s: worker %d (pid %s) has not ticked for %.0f s (hung); killing it, starting another",
+                    what,
+                    i,
+                    proc.pid,
+                    silent,
+                )
+                proc.kill()
+                proc.join()
+            else:
+                continue
+            procs[i] = start(i)
+        systemd.watchdog()  # every worker is alive and ticking (or was just replaced)
     for proc in procs:
         if proc.is_alive() and proc.pid is not None:
             proc.terminate()  # SIGTERM: the worker drains (ReplicaServer.serve_until_signal)

@@ -165,6 +165,9 @@ class ServingConfig(Section):
     max_body_bytes: Count = 1_048_576  # larger POST /score bodies get 413
     max_in_flight: Count = 32  # /score requests admitted at once (reading or scoring); one more gets 503
     workers: Count = 1  # serving processes per `ctr serve`, sharing its port (one per core at most)
+    # workers > 1: a worker whose event loop has not ticked for this long is killed and replaced
+    # (one process: systemd's watchdog does it, WatchdogSec=30 in ctr-serve@.service)
+    worker_hang_s: Positive = 30.0
     retry_after_s: Seconds = 1.0  # the Retry-After of an overload 503
     # Where features come from: "redis" reads Feast's Redis layout directly (one pipelined round
     # trip, ~2x faster than the SDK; tests/integration/test_redis_reader.py pins it to the SDK's
