@@ -223,6 +223,28 @@ def test_blocks_publish_with_lineage_and_move_the_alias():
     assert trainer.flush() and trainer.pending == 0
 
 
+def test_shift_on_holdout_moves_the_intercept_to_the_holdouts_click_rate():
+    """``trainer.shift_on_holdout``: an accepted candidate carries the intercept that its holdout,
+    scored before it learned it, asks for; the same blocks without it keep the identity."""
+    plain = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0, learn_holdout=False), None)
+    shifted = IncrementalTrainer(
+        small_cfg("deepfm", gate_tolerance=1.0, learn_holdout=False, shift_on_holdout=True), None
+    )
+    data = stream(4_000)
+    plain.add(data)
+    [_, report] = shifted.add(data)
+    assert plain.champion is not None and plain.champion.calibration == (1.0, 0.0)
+    assert shifted.champion is not None and report.decision.accepted
+    a, b = shifted.champion.calibration
+    assert a == 1.0 and b != 0.0
+    hold = sorted(data[2_000:], key=lambda ex: ex.impression.ts)[-400:]  # block 2: its newest fifth
+    y = np.array([ex.label for ex in hold], dtype=np.float64)
+    # learn_holdout off: the champion is the candidate as it scored its holdout, shift applied
+    gap_plain = abs(plain.champion.predict(hold).mean() - y.mean())
+    gap_shifted = abs(shifted.champion.predict(hold).mean() - y.mean())
+    assert gap_shifted < gap_plain
+
+
 def test_trainer_is_deterministic_on_cpu():
     def run():
         trainer = IncrementalTrainer(small_cfg("deepfm"), None)

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-__all__ = ["IDENTITY", "apply_platt", "fit_platt"]
+__all__ = ["IDENTITY", "apply_platt", "fit_platt", "fit_shift"]
 
 IDENTITY = (1.0, 0.0)
 _RIDGE = 5.0  # pseudo-observations pulling (a, b) to (1, 0): ~1 click's worth of evidence each
@@ -54,6 +54,30 @@ def fit_platt(logits: np.ndarray, labels: np.ndarray, *, iterations: int = 25) -
         if abs(da) < 1e-7 and abs(db) < 1e-7:
             break
     return (a, b) if math.isfinite(a) and math.isfinite(b) else IDENTITY
+
+
+def fit_shift(logits: np.ndarray, labels: np.ndarray, *, iterations: int = 25) -> float:
+    """The intercept ``b`` maximising the log-likelihood of ``labels`` under ``sigmoid(logits + b)``
+    minus ``_RIDGE / 2 * b^2`` (Newton): how far the logits sit from the observed click rate.
+
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.normal(-2, 1, 20_000)
+    >>> y = (rng.random(20_000) < 1 / (1 + np.exp(-(z - 0.5)))).astype(np.float32)
+    >>> round(fit_shift(z, y), 1)
+    -0.5
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.float64)
+    if z.size == 0 or not np.isfinite(z).all():
+        return 0.0
+    b = 0.0
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(z + b)))
+        step = (float((p - y).sum()) + _RIDGE * b) / (float((p * (1.0 - p)).sum()) + _RIDGE)
+        b -= step
+        if abs(step) < 1e-7:
+            break
+    return b if math.isfinite(b) else 0.0
 
 
 def apply_platt(logits: np.ndarray, ab: tuple[float, float]) -> np.ndarray:

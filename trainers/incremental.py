@@ -11,7 +11,10 @@ For each block (examples ordered by impression time, stable):
    newest tenth of every block would never reach the served model), then is **published** with its
    lineage, the champion alias moves, and it becomes the champion; if refused, the champion stays
    and the report says why. With ``trainer.calibrate`` the candidate carries a Platt scaling fitted
-   on the champion's progressive logits over the block's older part (:mod:`trainers.calibration`).
+   on the champion's progressive logits over the block's older part (:mod:`trainers.calibration`);
+   with ``trainer.shift_on_holdout`` an accepted candidate's intercept moves by what its holdout
+   scores (made before it learned the holdout) miss the holdout's click rate by. Both are off:
+   measured in benchmarks/README.md.
 
 Baselines (optional, for backtests): extra learners that score every block progressively beside the
 champion (before learning it, on exactly the same encoded rows), then learn the whole block; their
@@ -50,7 +53,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
-from trainers.calibration import apply_platt, fit_platt
+from trainers.calibration import apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner, cpu_threads
@@ -289,7 +292,8 @@ class IncrementalTrainer:
         start = time.perf_counter()
         loss = candidate.learn(train)
         train_s = time.perf_counter() - start
-        cand_metrics = block_metrics(hold.labels, candidate.predict(hold)) | {"train_loss": loss}
+        p_hold = candidate.predict(hold)
+        cand_metrics = block_metrics(hold.labels, p_hold) | {"train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
         champ_metrics = block_metrics(hold.labels, p_online[n - n_hold :]) if self.has_champion else None
         corrupt = (
@@ -326,6 +330,11 @@ class IncrementalTrainer:
             scores = {"online": p_online} | ({"static": p_static} if p_static is not None else {}) | p_base
             self.on_scores(BlockScores(self.blocks, y, scores, report.event_time_min, report.event_time_max))
         if decision.accepted:
+            if self.cfg.shift_on_holdout:
+                # the holdout was scored before the candidate learned it, as the next block will be
+                slope, intercept = candidate.calibration
+                z = np.log(np.clip(p_hold, 1e-12, 1.0)) - np.log(np.clip(1.0 - p_hold, 1e-12, 1.0))
+                candidate.calibration = (slope, intercept + fit_shift(z, hold.labels))
             if self.cfg.learn_holdout:
                 # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
                 # share of every block would never reach the served model.

@@ -132,6 +132,9 @@ class TrainerConfig(Section):
     shuffle: bool = True  # learn a block in seeded random order; false = in event-time order
     holdout_fraction: OpenShare = 0.1  # the newest share of a block held out for the gate
     calibrate: bool = False  # Platt-scale each candidate on its champion's progressive scores (hurt: README)
+    # shift each candidate's output intercept by what its holdout (scored before it learns it) says
+    # its logits miss the observed click rate by (trainers.calibration.fit_shift; README: measured)
+    shift_on_holdout: bool = False
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
     # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
