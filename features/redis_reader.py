@@ -200,6 +200,21 @@ class RedisFeatureReader:
             await pool.release(conn)
         return self._rows(unique, item_ids, replies)
 
+    async def awarm(self, connections: int) -> None:
+        """Open ``connections`` asyncio connections on the running loop and leave them in the pool,
+        so that the first requests after start-up do not each connect on their own time."""
+        if self.aclient is None:
+            return
+        pool = self.aclient.connection_pool
+        opened = []
+        try:
+            for _ in range(connections):
+                conn = await pool.get_connection()  # connects it
+                opened.append(conn)
+        finally:
+            for conn in opened:
+                await pool.release(conn)
+
     def _request(self, user_id: str, item_ids: Sequence[str]) -> tuple[bytes, list[str]]:
         """The packed commands (the user's HMGET, then one per distinct item) and those items."""
         unique = list(dict.fromkeys(item_ids))

@@ -72,6 +72,12 @@ class FallbackFeatures:
             ThreadPoolExecutor(workers, thread_name_prefix="feature-read") if timeout_s is not None else None
         )
 
+    async def awarm(self, connections: int) -> bool:
+        """The reader's connections opened on the running loop before requests need them; False
+        if there is nothing to warm yet (no store open). Raises what the reader met."""
+        warm = getattr(self.reader, "awarm", None)
+        return bool(await warm(connections)) if warm is not None else True
+
     @property
     def healthy(self) -> bool:
         return self.reader is not None and not self._outage

@@ -126,6 +126,16 @@ class BackgroundFeatureReader:
         blocks) on a thread."""
         return await read_async(self._open(), user_id, item_ids)
 
+    async def awarm(self, connections: int) -> bool:
+        """Open the direct reader's asyncio connections on the running loop; False while the store
+        is not open yet (nothing to warm: the SDK path has no asyncio connections)."""
+        reader = self._reader
+        if reader is None:
+            return False
+        if hasattr(reader, "awarm"):
+            await reader.awarm(connections)
+        return True
+
     def _open(self) -> Any:
         reader = self._reader
         if reader is None:

@@ -21,6 +21,7 @@ publishes after moving the alias (:data:`NOTIFY_CHANNEL`), whichever comes first
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -117,6 +118,11 @@ class ReplicaServer:
         self.notify = notify
         self._status_version: str | None = None
         self._told_ready = False
+        self.features = features
+        self._warm_connections = (cfg or ServingConfig()).max_in_flight  # one per request admitted
+        self._warm: asyncio.Task[bool] | None = None  # opening the feature reads' connections
+        self._warmed = features is None
+        self._warm_again_at = 0.0
         config = uvicorn.Config(
             self.app,
             http=JsonErrorsProtocol,
@@ -148,6 +154,8 @@ class ReplicaServer:
         swap reported."""
         if self.heartbeat is not None:
             self.heartbeat()
+        if not self._warmed:
+            self._warm_features()
         version = self.app.replica.version
         if self.notify:
             if not self._told_ready:
@@ -160,6 +168,22 @@ class ReplicaServer:
             logs.set_context(version=version)
             if self.notify:
                 systemd.status(f"serve: serving version {version}")
+
+    def _warm_features(self) -> None:
+        """Open the feature reads' connections on this loop, off the request path: once the store
+        is open, retried every second while Redis is away (reads meanwhile fall back as usual)."""
+        task = self._warm
+        if task is not None:
+            if not task.done():
+                return
+            self._warm = None
+            failed = task.cancelled() or task.exception() is not None
+            if not failed and task.result():
+                self._warmed = True
+                return
+            self._warm_again_at = time.monotonic() + 1.0
+        if time.monotonic() >= self._warm_again_at and self.features is not None:
+            self._warm = asyncio.get_running_loop().create_task(self.features.awarm(self._warm_connections))
 
     def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT; queued and in-flight requests finish before it returns."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import subprocess
@@ -151,6 +152,40 @@ def test_replica_keeps_serving_with_default_features_while_redis_is_away(tmp_pat
                 assert client.score({**GOOD, "items": ["a"]})[0] == 200
                 time.sleep(0.1)
             assert features.healthy
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_a_replica_opens_its_feature_connections_before_any_request(tmp_path: Path) -> None:
+    """``serving.max_in_flight`` asyncio connections are opened by the server's loop at start
+    (ReplicaServer._warm_features), so that the first requests do not each connect; the reader's
+    ``awarm`` on its own opens as many as it is asked for. Connections are counted by client name
+    on our own redis-server."""
+    port = _free_port()
+    proc = _start_redis(port, tmp_path)
+    try:
+        store = open_store(tmp_path / "feast", "production", f"redis://127.0.0.1:{port}/0", "warm")
+        counter = redis.Redis(port=port)
+
+        def clients(name: str) -> int:
+            return sum(1 for c in counter.client_list() if c.get("name") == name)
+
+        alone = RedisFeatureReader.for_store(store, client_name="alone")  # kept: its pool holds them
+        asyncio.run(alone.awarm(3))
+        assert clients("alone") == 3
+        reader = RedisFeatureReader.for_store(store, client_name="served")
+        model, cfg = ConstantModel(0.4), ServingConfig(max_in_flight=6)
+        with serve(DictStore({"1": model}, {"champion": "1"}), cfg, reader=reader, timeout_s=1.0) as (
+            client,
+            _,
+        ):
+            deadline = time.monotonic() + 30
+            while clients("served") < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert clients("served") == 6  # before the first request
+            assert client.score({**GOOD, "items": ["a"]})[0] == 200
+            assert clients("served") == 6  # the request took a warm connection
     finally:
         proc.kill()
         proc.wait(30)
