@@ -82,11 +82,15 @@ class ABRouter:
         return replica.score(user_id, context, item_ids), arm
 
     async def ascore(
-        self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]
+        self,
+        user_id: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        dense: Sequence[Mapping[str, float]] | None = None,
     ) -> tuple[ScoreResult, str]:
         """:meth:`score` for a caller on the event loop (:meth:`Replica.ascore`)."""
         replica, arm = self.arm(user_id)
-        return await replica.ascore(user_id, context, item_ids), arm
+        return await replica.ascore(user_id, context, item_ids, dense), arm
 
     def arm(self, user_id: str) -> tuple[Replica, str]:
         """The replica that scores ``user_id`` and its arm's name."""

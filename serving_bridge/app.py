@@ -1,7 +1,8 @@
 """The scoring replica's ASGI application (Starlette): routes, admission, JSON answers.
 
-- ``POST /score`` ``{"user_id", "context", "items"}`` -> ``{"version", "arm", "replica",
-  "probabilities"}``, validated by the pydantic models of :mod:`serving_bridge.openapi`;
+- ``POST /score`` ``{"user_id", "context", "items", "dense"}`` -> ``{"version", "arm", "replica",
+  "probabilities"}`` (an item is an id or ``{"id", "dense"}``), validated by the pydantic models
+  of :mod:`serving_bridge.openapi`;
 - ``GET /openapi.json`` (generated from those models), ``/healthz``, ``/readyz`` (503 until a model
   is loaded), ``/version``, ``/metrics``.
 
@@ -49,9 +50,11 @@ from pipeline.core.metrics import CONTENT_TYPE, LATENCY_BUCKETS_S, Registry, mul
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.openapi import (
     HealthBody,
+    ItemRequest,
     ReadyBody,
     ScoreResponse,
     VersionBody,
+    component_schemas,
     error_message,
     openapi_spec,
     score_request_model,
@@ -94,7 +97,7 @@ class ScoringApp:
         self.request_model = score_request_model(self.cfg.max_candidates)
         self.spec = openapi_spec(self.cfg.max_candidates, auth=bool(self.cfg.auth_token))
         self.spec_body = json.dumps(self.spec).encode()
-        self.schema = self.request_model.model_json_schema(ref_template="#/components/schemas/{model}")
+        self.schema = component_schemas("ScoreRequest", self.request_model)["ScoreRequest"]
         token = self.cfg.auth_token.get_secret_value() if self.cfg.auth_token else ""
         self._token = f"Bearer {token}".encode() if token else b""
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
@@ -262,8 +265,13 @@ class ScoringApp:
         try:
             user_id: str = req.user_id  # type: ignore[attr-defined]
             context: dict[str, str] = req.context  # type: ignore[attr-defined]
-            items: list[str] = req.items  # type: ignore[attr-defined]
-            result, arm = await router.ascore(user_id, context, items)
+            asked: list[str | ItemRequest] = req.items  # type: ignore[attr-defined]
+            items = [it if isinstance(it, str) else it.id for it in asked]
+            dense: dict[str, float] = req.dense  # type: ignore[attr-defined]
+            rows: list[dict[str, float]] | None = None  # no dense inputs: all missing, as in training
+            if dense or not all(isinstance(it, str) for it in asked):
+                rows = [dense if isinstance(it, str) else dense | it.dense for it in asked]
+            result, arm = await router.ascore(user_id, context, items, rows)
         except Exception:  # a model bug: answer (and count) a 500, keep the connection and the server
             log.exception("serve: scoring failed for a valid request")
             return _error(500, "internal error while scoring; see the replica's log")

@@ -29,9 +29,11 @@ __all__ = [
     "MAX_ID_CHARS",
     "ErrorBody",
     "HealthBody",
+    "ItemRequest",
     "ReadyBody",
     "ScoreResponse",
     "VersionBody",
+    "component_schemas",
     "error_message",
     "openapi_spec",
     "score_request_model",
@@ -42,6 +44,7 @@ MAX_CONTEXT_ENTRIES = 64
 
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 Text = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
+Number = Annotated[float, Field(allow_inf_nan=False)]  # a dense input: a JSON number (1 or 1.5), finite
 
 
 class ScoreResponse(BaseModel):
@@ -80,6 +83,17 @@ class VersionBody(BaseModel):
     replica: str
 
 
+class ItemRequest(BaseModel):
+    """A candidate with numeric inputs of its own (e.g. an affinity), beside the request's."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: Ident = Field(description="the item id")
+    dense: Annotated[dict[Text, Number], Field(max_length=MAX_CONTEXT_ENTRIES)] = Field(
+        default_factory=dict,
+        description="numeric inputs of this item; they add to and override the request's",
+    )
+
+
 @functools.cache
 def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
     """The ``ScoreRequest`` model; ``items`` holds at most ``max_candidates`` (serving.max_candidates)."""
@@ -92,8 +106,14 @@ def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
         context: Annotated[dict[Text, Text], Field(max_length=MAX_CONTEXT_ENTRIES)] = Field(
             default_factory=dict, description="categorical context of the request (site, device, ...)"
         )
-        items: Annotated[list[Ident], Field(min_length=1, max_length=max_candidates)] = Field(
-            description="candidate item ids, scored in this order"
+        items: Annotated[list[Ident | ItemRequest], Field(min_length=1, max_length=max_candidates)] = Field(
+            description="candidate items, scored in this order: an item id, or an object with the id "
+            "and the item's own numeric inputs"
+        )
+        dense: Annotated[dict[Text, Number], Field(max_length=MAX_CONTEXT_ENTRIES)] = Field(
+            default_factory=dict,
+            description="numeric inputs of the request, the same for every item (e.g. bid_floor); "
+            "a missing one is 0, as in training",
         )
 
     return ScoreRequest
@@ -152,13 +172,18 @@ def _answer(description: str, model: str, header: str | None = None) -> dict[str
 _ANSWER_MODELS = (ScoreResponse, ErrorBody, HealthBody, ReadyBody, VersionBody)
 
 
+def component_schemas(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema as OpenAPI components: under ``name``, and the models it nests
+    (``ItemRequest``) beside it instead of in its ``$defs``, which ``#/components`` refs do not reach."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {**schema.pop("$defs", {}), name: schema}
+
+
 def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, Any]:
     """The API description; ``max_candidates`` and ``auth`` follow the replica's configuration."""
-    ref = "#/components/schemas/{model}"
-    schemas = {
-        "ScoreRequest": score_request_model(max_candidates).model_json_schema(ref_template=ref),
-        **{m.__name__: m.model_json_schema(ref_template=ref) for m in _ANSWER_MODELS},
-    }
+    schemas: dict[str, Any] = component_schemas("ScoreRequest", score_request_model(max_candidates))
+    for m in _ANSWER_MODELS:
+        schemas |= component_schemas(m.__name__, m)
     paths: dict[str, Any] = {}
     for path, (method, summary, answers) in ROUTES.items():
         op: dict[str, Any] = {
@@ -183,17 +208,22 @@ def openapi_spec(max_candidates: int = 1_000, auth: bool = False) -> dict[str, A
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
+    """``items[1].dense.x`` for pydantic's location; the member a union tried (``str``,
+    ``ItemRequest``) is not a field and is left out."""
     out = ""
-    for i, part in enumerate(loc):
+    for i, part in enumerate(p for p in loc if p not in _UNION_MEMBERS):
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
     return out or "body"
 
 
+_UNION_MEMBERS = {"str", "ItemRequest", "constrained-str"}
 _PHRASES = {
     "model_type": "must be an object",
     "dict_type": "must be an object",
     "list_type": "must be an array",
     "string_type": "must be a string",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
 }
 
 
@@ -217,7 +247,7 @@ def error_message(exc: ValidationError | ValueError) -> str:
         return f"{parent}: missing required field(s) [{name!r}]"
     if kind == "extra_forbidden":
         parent, name = _where(err["loc"][:-1]), err["loc"][-1]
-        return f"{parent}: unknown field(s) [{name!r}]; allowed: ['context', 'items', 'user_id']"
+        return f"{parent}: unknown field(s) [{name!r}]; allowed: {sorted(score_request_model().model_fields)}"
     if kind == "too_short":
         return f"{at}: at least {ctx.get('min_length')} entries, got {ctx.get('actual_length')}"
     if kind == "too_long":

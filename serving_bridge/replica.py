@@ -163,19 +163,32 @@ class Replica:
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(
-        self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str], ts_ms: int | None = None
+        self,
+        user_id: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        ts_ms: int | None = None,
+        dense: Sequence[Mapping[str, float]] | None = None,
     ) -> ScoreResult:
-        """Click probability of ``user_id`` for each candidate item, features included."""
+        """Click probability of ``user_id`` for each candidate item, features included; ``dense``:
+        each item's numeric impression inputs (``Impression.dense``; none: all missing, as in
+        training)."""
         current, user, shard_keys = self._begin(user_id, item_ids)
         feats = None if self.features is None else self.features.get(user, shard_keys)
-        return self._finish(current, user, context, item_ids, feats, ts_ms)
+        return self._finish(current, user, context, item_ids, feats, ts_ms, dense)
 
-    async def ascore(self, user_id: str, context: Mapping[str, str], item_ids: Sequence[str]) -> ScoreResult:
+    async def ascore(
+        self,
+        user_id: str,
+        context: Mapping[str, str],
+        item_ids: Sequence[str],
+        dense: Sequence[Mapping[str, float]] | None = None,
+    ) -> ScoreResult:
         """:meth:`score` for a caller on the event loop: the feature read is awaited there (a
         reader without ``aget`` runs on the loop's default thread pool), the forward runs inline."""
         current, user, shard_keys = self._begin(user_id, item_ids)
         feats = None if self.features is None else await read_async(self.features, user, shard_keys)
-        return self._finish(current, user, context, item_ids, feats)
+        return self._finish(current, user, context, item_ids, feats, dense=dense)
 
     def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
         """The model this request finishes on, the user's pseudonym and the items' feature keys."""
@@ -194,9 +207,17 @@ class Replica:
         item_ids: Sequence[str],
         feats: list[dict[str, float]] | None,
         ts_ms: int | None = None,
+        dense: Sequence[Mapping[str, float]] | None = None,
     ) -> ScoreResult:
         ts = int(time.time() * 1000) if ts_ms is None else ts_ms
         ctx = dict(context)  # one copy for the request: the rows only read it
-        rows = [Impression("request", ts, user, item, ctx, {}) for item in item_ids]
+        if dense is None:
+            rows = [Impression("request", ts, user, item, ctx, {}) for item in item_ids]
+        else:
+            if len(dense) != len(item_ids):
+                raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
+            rows = [
+                Impression("request", ts, user, i, ctx, dict(d)) for i, d in zip(item_ids, dense, strict=True)
+            ]
         probs = current.learner.predict_rows(rows, [{}] * len(rows) if feats is None else feats)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])

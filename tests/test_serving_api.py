@@ -33,10 +33,12 @@ class ConstantModel:
     def __init__(self, p: float) -> None:
         self.p = p
         self.seen_features: list[dict[str, float]] = []
+        self.seen_dense: list[dict[str, float]] = []
 
     def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
         if rows and rows[0].impression_id == "request":
             self.seen_features = list(feats)
+            self.seen_dense = [row.dense for row in rows]
         return [self.p] * len(rows)
 
 
@@ -617,3 +619,17 @@ def test_a_bad_feature_path_stops_ctr_serve_at_start_not_in_the_opener_thread() 
     cfg.serving.feature_path = "x"  # type: ignore[assignment]  # load_config refuses it (test_config.py)
     with pytest.raises(ValueError, match="feature_path = 'x' must be one of"):
         run_replica(cfg, "127.0.0.1", 0, "r1")
+
+
+def test_dense_inputs_reach_the_model_per_item_and_bad_ones_are_a_400() -> None:
+    model = ConstantModel(0.3)
+    with serve(DictStore({"1": model}, {"champion": "1"}), ServingConfig()) as (client, _):
+        items = [{"id": "a", "dense": {"x": 0.5}}, "b"]
+        assert client.score({**GOOD, "items": items, "dense": {"bid_floor": 2, "x": 1.5}})[0] == 200
+        assert model.seen_dense == [{"bid_floor": 2.0, "x": 0.5}, {"bid_floor": 2.0, "x": 1.5}]
+        assert client.score({**GOOD, "items": ["a", "b"]})[0] == 200
+        assert model.seen_dense == [{}, {}]  # none sent: missing, as training has it
+        status, _, answer = client.score({**GOOD, "dense": {"x": "1"}})
+        assert status == 400 and answer["error"].startswith("dense.x: must be a number")
+        status, _, answer = client.score({**GOOD, "items": [{"id": "a", "dense": {"x": True}}]})
+        assert status == 400 and "items[0]" in answer["error"] and "ItemRequest" not in answer["error"]

@@ -97,3 +97,23 @@ def test_a_context_training_never_had_changes_nothing():
     # and the base rate, not 0.5: the model learned something, and missing features are not noise
     rate = float(np.mean([ex.label for ex in examples]))
     assert abs(float(np.mean(bare)) - rate) < 0.15
+
+
+def test_dense_inputs_sent_with_the_request_give_the_trainer_probabilities():
+    """Trained on impressions with dense values (``price``): a request that sends them per item
+    (``item_dense``) scores exactly as the trainer does, and one that omits them gets what training
+    uses for a missing value (0), not something else."""
+    examples = synthetic_examples(600, seed=3)
+    learner = _trained(examples)
+    assert learner.encoder.dense_keys == ["price"]
+    for ex in examples[:25]:
+        imp = ex.impression
+        replica = _replica(learner, RecordedFeatures(ex.stream_features))
+        served = replica.score(imp.user_id, imp.features, [imp.item_id], ts_ms=imp.ts, dense=[imp.dense])
+        assert served.probabilities == [float(p) for p in learner.predict([ex])]
+    ex = examples[0]
+    imp = ex.impression
+    replica = _replica(learner, RecordedFeatures(ex.stream_features))
+    bare = replica.score(imp.user_id, imp.features, [imp.item_id], ts_ms=imp.ts)
+    missing = learner.predict([dataclasses.replace(ex, impression=dataclasses.replace(imp, dense={}))])
+    assert bare.probabilities == [float(p) for p in missing] != [float(p) for p in learner.predict([ex])]
