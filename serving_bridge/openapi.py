@@ -106,7 +106,10 @@ def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
         context: Annotated[dict[Text, Text], Field(max_length=MAX_CONTEXT_ENTRIES)] = Field(
             default_factory=dict, description="categorical context of the request (site, device, ...)"
         )
-        items: Annotated[list[Ident | ItemRequest], Field(min_length=1, max_length=max_candidates)] = Field(
+        items: Annotated[
+            list[Annotated[Ident | ItemRequest, Field(union_mode="left_to_right")]],
+            Field(min_length=1, max_length=max_candidates),
+        ] = Field(
             description="candidate items, scored in this order: an item id, or an object with the id "
             "and the item's own numeric inputs"
         )
@@ -227,11 +230,28 @@ _PHRASES = {
 }
 
 
+def _other_form(err: Any) -> bool:
+    """An error of the union member that does not match the input's form (str vs object)."""
+    kind, value = err["type"], err.get("input")
+    return (kind == "string_type" and isinstance(value, dict)) or (
+        kind == "model_type" and isinstance(value, str)
+    )
+
+
+def _raw_loc(errors: list[Any]) -> set[Any]:
+    return {part for e in errors for part in e["loc"]}
+
+
 def error_message(exc: ValidationError | ValueError) -> str:
     """One line for the first problem pydantic found, naming the field (``items[1]: ...``)."""
     if not isinstance(exc, ValidationError):
         return str(exc)
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # an item is an id or an object: report what is wrong with the form it has, not the other's
+    err = next((e for e in errors if not _other_form(e)), errors[0])
+    if _other_form(err) or (err["type"] == "string_type" and "ItemRequest" in _raw_loc(errors)):
+        got = _name(err.get("input"))
+        return f"{_where(err['loc'])}: an item is an id (string) or an object {{id, dense}}, got {got}"
     kind, at, ctx = err["type"], _where(err["loc"]), err.get("ctx") or {}
     if kind == "json_invalid":
         why = str(ctx.get("error", err["msg"]))

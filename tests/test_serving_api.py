@@ -162,7 +162,10 @@ def test_a_good_request_gets_one_probability_per_candidate_and_the_version(api) 
         ({**GOOD, "user_id": ""}, "user_id: must not be empty"),
         ({**GOOD, "items": "a"}, "items: must be an array, got a string"),
         ({**GOOD, "items": []}, "items: at least 1 entries, got 0"),
-        ({**GOOD, "items": ["a", None]}, "items[1]: must be a string, got null"),
+        (
+            {**GOOD, "items": ["a", None]},
+            "items[1]: an item is an id (string) or an object {id, dense}, got null",
+        ),
         ({**GOOD, "items": list("abcdef")}, "items: at most 5 entries, got 6"),
         ({**GOOD, "context": {"site": 1}}, "context.site: must be a string, got a number"),
         ({**GOOD, "context": ["site"]}, "context: must be an object, got an array"),
