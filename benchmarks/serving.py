@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="ctr-bench-serving-") as tmp:
         state = Path(tmp) / "state"
-        args.prepared = state / "serving" / "models" / model_name  # the replica's prepared versions
+        args.prepared = Path(tmp) / "models" / model_name  # the replica's prepared versions
         try:
             print(
                 f"set-up: Feast store on {db15} (project {project}), two versions of {model_name} ...",
@@ -407,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                 "CTR_REGISTRY_EXPERIMENT": experiment,
                 "CTR_DAEMON_REDIS_URL": db15,
                 "CTR_DAEMON_STATE_DIR": str(state),
+                "CTR_SERVING_MODEL_DIR": str(Path(tmp) / "models"),
                 "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
             }
             rng = random.Random(11)

@@ -1,5 +1,5 @@
 """Versions prepared for serving off the request path: a helper process per worker, one folder
-per version on the host.
+per version shared by the workers of a ``ctr serve``.
 
 Why: a swap did all its work in the serving worker, on a thread beside the requests: four MLflow
 requests, rebuilding the learner with its optimizer, tracing and freezing TorchScript; ~250 ms of
@@ -9,10 +9,12 @@ CPU per worker per swap, with the GIL taken from the event loop every few ms (p9
 
 - **prepare** (:func:`prepare`): download the version from the registry, trace it
   (``serving.inference``) and write it with ``TorchLearner.save_for_serving`` into
-  ``<state_dir>/serving/models/<model>/<version>-<inference>/``. The worker's helper process does
+  ``<serving.model_dir>/<model>/<version>-<inference>/``. The worker's helper process does
   it: ~95 ms of its CPU and ~55 ms of the MLflow server's per version, measured here. The workers
-  of a host share the folder: the first that needs a version has it prepared, the others wait on
-  the folder's lock and find it there (one download and one trace per host, not per worker).
+  of a ``ctr serve`` share the folder (``serving.model_dir``: by default a fresh one under the temp
+  dir, removed at exit; several ``ctr serve`` may share one): the first that needs a version has
+  it prepared, the others wait on the folder's lock and find it there (one download and one trace
+  per version, not per worker). Registry versions are immutable, so a prepared one stays valid.
 - **load**: the worker reads the folder (``TorchLearner.load_for_serving``: ~20 ms; ``torch.jit.load``
   does not hold the GIL) and the replica warms and swaps as before.
 
@@ -201,11 +203,11 @@ class ModelHelper:
 
 @dataclass
 class PreparedModelStore:
-    """A replica's store: aliases resolved by the registry, versions loaded through the host's
+    """A replica's store: aliases resolved by the registry, versions loaded through the shared
     folder of prepared versions, prepared by ``helper`` (module doc)."""
 
     registry: Any  # trainers.registry.MlflowModelStore
-    root: Path  # <state_dir>/serving/models/<model name>
+    root: Path  # <serving.model_dir>/<model name>
     helper: ModelHelper
     inference: str = "torchscript"
     device: str | None = None
@@ -224,7 +226,7 @@ class PreparedModelStore:
         from trainers.learner import TorchLearner
 
         folder = self.root / f"{version}-{self.inference}"
-        # one lock per host folder: a worker preparing this version (wait, then read it), or
+        # one lock per folder: a worker preparing this version (wait, then read it), or
         # removing old ones (the folder read here is not removed under it)
         with file_lock(self.root / ".lock"):
             started = time.perf_counter()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -164,12 +166,19 @@ def run_replica(cfg: Config, host: str, port: int, name: str) -> None:
         cfg.serving.challenger_share,
         workers,
     )
-    if workers <= 1:
-        serve_replica(cfg, name, listener, notify=True)
-    else:
-        serve_workers(
-            workers, listener, functools.partial(serve_replica, cfg, name), hang_s=cfg.serving.worker_hang_s
-        )
+    fresh = not cfg.serving.model_dir
+    models = Path(
+        tempfile.mkdtemp(prefix="ctr-serve-models-") if fresh else cfg.serving.model_dir
+    ).expanduser()
+    try:
+        if workers <= 1:
+            serve_replica(cfg, name, listener, notify=True, models=models)
+        else:
+            worker = functools.partial(serve_replica, cfg, name, models=models)
+            serve_workers(workers, listener, worker, hang_s=cfg.serving.worker_hang_s)
+    finally:
+        if fresh:
+            shutil.rmtree(models, ignore_errors=True)
 
 
 def tune_for_latency() -> None:
@@ -208,9 +217,11 @@ def serve_replica(
     heartbeat: Callable[[], None] | None = None,
     *,
     notify: bool = False,
+    models: Path,
 ) -> None:
     """One serving process on ``listener``: its models, alias watchers and feature reader
-    (``heartbeat``: a worker's, called from its event loop; ``notify``: systemd's main process)."""
+    (``heartbeat``: a worker's, called from its event loop; ``notify``: systemd's main process;
+    ``models``: the folder of prepared versions its host's workers share)."""
     if cfg.serving.torch_threads > 0:
         # 100 rows per request are too few to split across cores; parallel requests use them instead
         import torch
@@ -222,7 +233,7 @@ def serve_replica(
     helper = ModelHelper(cfg.registry, cfg.registry.tracking_uri).start("fork", not_inherited=[listener])
     store = PreparedModelStore(
         MlflowModelStore(cfg.registry, cfg.registry.tracking_uri),
-        state_dir / "serving" / "models" / cfg.registry.model_name,
+        models / cfg.registry.model_name,
         helper,
         inference=cfg.serving.inference,
     )

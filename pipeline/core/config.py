@@ -183,6 +183,10 @@ class ServingConfig(Section):
     # 100 rows 23-31% faster than "eager", same probabilities: benchmarks/README.md "Inference
     # paths"); a version that cannot be traced is served eagerly, with a WARNING.
     inference: InferencePath = "torchscript"
+    # where the workers of one `ctr serve` keep the versions their helpers prepared (a cache: a
+    # version is immutable in the registry); "" = a fresh folder under the temp dir per `ctr serve`,
+    # removed when it exits (the systemd unit may write only its private /tmp)
+    model_dir: str = ""
     challenger_alias: str = "challenger"  # the registry alias of the A/B challenger
     challenger_share: Share = 0.0  # share of users (stable hash of the user id) the challenger scores
     # Bearer token required on POST /score; empty = none. Secret: CTR_SERVING_AUTH_TOKEN only.
