@@ -60,6 +60,7 @@ from serving_bridge.openapi import (
     score_request_model,
 )
 from serving_bridge.serving_metrics import collect_replica_metrics
+from serving_bridge.worker_metrics import WorkerStates, worker_index
 
 __all__ = ["ScoringApp"]
 
@@ -101,11 +102,12 @@ class ScoringApp:
         token = self.cfg.auth_token.get_secret_value() if self.cfg.auth_token else ""
         self._token = f"Bearer {token}".encode() if token else b""
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
-        self.metrics = Registry()
+        folder = multiprocess_dir()  # set: one of several workers of a `ctr serve`
+        self.metrics = Registry({"worker": worker_index()} if folder else None)
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))
         # counted as requests happen, by prometheus-client itself: with serving.workers > 1
         # (PROMETHEUS_MULTIPROC_DIR set by the parent) these add up across the worker processes
-        prom = None if multiprocess_dir() else self.metrics.prometheus
+        prom = None if folder else self.metrics.prometheus
         self.latency = Histogram(
             "ctr_serving_request_seconds", "POST /score latency", buckets=LATENCY_BUCKETS_S, registry=prom
         )
@@ -114,10 +116,13 @@ class ScoringApp:
             "ctr_serving_scored", "scored requests by arm and version", ["arm", "version"], registry=prom
         )
         self.exposition = self.metrics.prometheus
-        if prom is None:
+        self.worker_states: WorkerStates | None = None
+        if folder:
             self.exposition = CollectorRegistry()
             MultiProcessCollector(self.exposition)
-            self.exposition.register(self.metrics)  # this worker's state: version, in flight, ...
+            # every worker's state (version, swaps, in flight, ...), each labelled with its index
+            self.worker_states = WorkerStates(self.metrics, folder, worker_index())
+            self.exposition.register(self.worker_states)
         routes = [
             Route("/score", self.score, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),

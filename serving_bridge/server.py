@@ -43,6 +43,7 @@ from pipeline.core.metrics import MULTIPROC_MARKER
 from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
+from serving_bridge.worker_metrics import WORKER_MARKER
 
 __all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "bind", "kafka_partition", "listen_for_swaps", "serve_workers"]
 
@@ -154,6 +155,8 @@ class ReplicaServer:
         swap reported."""
         if self.heartbeat is not None:
             self.heartbeat()
+        if self.app.worker_states is not None:  # one of several workers: its state for the others
+            self.app.worker_states.publish_due()
         if not self._warmed:
             self._warm_features()
         version = self.app.replica.version
@@ -213,8 +216,10 @@ def _worker_main(
     listener: socket.socket,
     log_setup: logs.LogSetup,
     beat: Any,
+    index: int,
 ) -> None:
     logs.restore(log_setup)  # a spawned process starts with logging unconfigured
+    os.environ[WORKER_MARKER] = str(index)  # labels this worker's scrape-time series
 
     def heartbeat() -> None:
         beat.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
@@ -253,7 +258,7 @@ def serve_workers(
         beats[i].value = 0.0
         proc = spawn.Process(
             target=_worker_main,
-            args=(worker, listener, logs.snapshot(), beats[i]),
+            args=(worker, listener, logs.snapshot(), beats[i], i),
             name=f"{what}-worker",
             daemon=False,
         )

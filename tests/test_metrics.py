@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.logs import JsonFormatter, set_context
 from pipeline.core.metrics import Registry, serve_metrics
+from serving_bridge.worker_metrics import WorkerStates
 
 
 def test_histogram_buckets_are_cumulative_and_labels_escaped() -> None:
@@ -35,6 +40,31 @@ def test_collectors_run_at_scrape_and_a_failing_one_does_not_break_it() -> None:
             assert "depth 7.0" in r.read().decode()
     finally:
         server.shutdown()
+
+
+def test_every_workers_scrape_time_series_whichever_worker_answers(tmp_path: Path) -> None:
+    """Two workers' states in one folder: either worker's scrape shows both, one family per name,
+    each series labelled with its worker; a worker's value is the one of its last publish."""
+    swaps = {"0": 0, "1": 0}
+    states = {}
+    for w in ("0", "1"):
+        reg = Registry({"worker": w})
+        reg.on_scrape(lambda w=w, reg=reg: reg.counter("swaps_total", "swaps", arm="a").set(swaps[w]))
+        states[w] = WorkerStates(reg, tmp_path, w)
+    swaps.update({"0": 3, "1": 5})
+    states["1"].publish_due()  # worker 1's event loop ticked; worker 0 answers the scrape
+    swaps["1"] = 6  # not published yet: worker 0's scrape still shows 5
+    exposition = CollectorRegistry()
+    exposition.register(states["0"])
+    text = generate_latest(exposition).decode()
+    assert text.count("# TYPE swaps_total counter") == 1
+    samples = {s.labels["worker"]: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples == {"0": 3.0, "1": 5.0}
+    assert 'swaps_total{arm="a",worker="1"} 5.0' in text
+    states["1"].publish_due()  # less than a second since its last publish: not due
+    assert 'swaps_total{arm="a",worker="1"} 5.0' in generate_latest(exposition).decode()
+    states["1"].publish()
+    assert 'swaps_total{arm="a",worker="1"} 6.0' in generate_latest(exposition).decode()
 
 
 def test_json_logs_carry_the_daemon_context() -> None:

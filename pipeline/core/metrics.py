@@ -108,7 +108,8 @@ class Value:
 class Registry(Collector):
     """A prometheus-client registry holding histograms and this collector of :class:`Value` series."""
 
-    def __init__(self) -> None:
+    def __init__(self, const_labels: dict[str, str] | None = None) -> None:
+        self.const_labels: Labels = tuple(sorted((const_labels or {}).items()))  # on every Value series
         self.prometheus = CollectorRegistry(auto_describe=True)
         self._families: dict[str, tuple[str, str, dict[Labels, Value]]] = {}
         self._histograms: dict[str, tuple[Histogram, tuple[str, ...]]] = {}
@@ -169,6 +170,7 @@ class Registry(Collector):
         with self._lock:
             families = [(n, k, h, dict(s)) for n, (k, h, s) in sorted(self._families.items())]
         for name, kind, help, series in families:
+            series = {labels + self.const_labels: cell for labels, cell in series.items()}
             label_names = sorted({k for labels in series for k, _ in labels})
             make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = make(name, help, labels=label_names)

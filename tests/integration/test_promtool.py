@@ -127,6 +127,16 @@ def test_a_multi_worker_ctr_serve_adds_up_its_workers_and_passes_promtool(
         text = scrape(f"{url}/metrics")
         assert 'ctr_serving_requests_total{code="503"} 20.0' in text  # every worker's, added up
         promtool_check(text)
+        # the state each worker reads at scrape time, both workers' in any scrape, by worker label
+        while time.monotonic() < deadline and not all(
+            f'ctr_serving_ready{{replica="serve-{port}",worker="{w}"}} 0.0' in text for w in "01"
+        ):
+            time.sleep(0.2)
+            text = scrape(f"{url}/metrics")
+        for w in "01":
+            assert f'ctr_serving_ready{{replica="serve-{port}",worker="{w}"}} 0.0' in text, text
+        assert text.count("# TYPE ctr_serving_ready gauge") == 1
+        promtool_check(text)
     finally:
         stop_processes([proc])
         log.close()
