@@ -177,9 +177,20 @@ def open_loop_python(
 
 
 def start_py_spy(args: argparse.Namespace, pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """Sample the replica for one phase (collapsed stacks; idle threads left out)."""
+    """Sample the replica and its worker processes for one phase (collapsed stacks; idle threads
+    left out)."""
     cmd = [args.py_spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds))]
-    cmd += ["--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking", "--threads"]
+    cmd += [
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+        "--threads",
+        "--subprocesses",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out.with_suffix(".log").open("wb"))
     time.sleep(1.0)  # attached before the load starts
     return proc

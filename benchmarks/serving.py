@@ -80,7 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid-connections", default="1,8,32", help="client connections of the grid")
     p.add_argument("--workers", type=int, default=0, help="serving.workers of the replica (0: its default)")
     p.add_argument("--floor-requests", type=int, default=500, help="in-process requests timed for the floor")
-    p.add_argument("--py-spy", default="", help="path of a py-spy binary: one more redis phase, profiled")
+    p.add_argument(
+        "--py-spy",
+        default="",
+        help="path of a py-spy binary: one more redis phase, profiled (stacks kept in <out>.profile.txt)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     return p.parse_args(argv)
 
@@ -453,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                     if spy is not None:
                         spy.wait(120)
                         profile = top_costs(Path(tmp) / "profile.txt")
+                        if (Path(tmp) / "profile.txt").is_file():  # kept: py-spy's collapsed stacks
+                            shutil.copy(Path(tmp) / "profile.txt", args.out.with_suffix(".profile.txt"))
                     if flipper is not None:
                         flipper.join()
                     phases[path + suffix] = {
