@@ -264,7 +264,6 @@ def floor(
 
     from features.redis_reader import RedisFeatureReader
     from pipeline.core.config import Config, RegistryConfig
-    from pipeline.core.events import Impression
     from pipeline.core.partitioning import item_shard_key
     from pipeline.core.pseudonyms import Pseudonymizer
     from serving_bridge.server import kafka_partition
@@ -282,8 +281,7 @@ def floor(
         req = json.loads(bodies[i % len(bodies)])
         user, shard = pseudo(req["user_id"]), kafka_partition(req["user_id"], cfg.kafka.partitions)
         feats = reader.get(user, [item_shard_key(item, shard) for item in req["items"]])
-        rows = [Impression("request", 0, user, item, req["context"], {}) for item in req["items"]]
-        probs = learner.predict_rows(rows, feats)
+        probs = learner.predict_request(user, req["items"], req["context"], feats)
         json.dumps(
             {
                 "version": version,

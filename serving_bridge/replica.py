@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.core.events import Impression
 from pipeline.core.partitioning import item_shard_key
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.feature_fallback import read_async
@@ -156,8 +155,7 @@ class Replica:
 
     @staticmethod
     def _warm(learner: Any) -> None:
-        probe = Impression("warmup", 0, "u_warmup", "warmup", {}, {})
-        p = learner.predict_rows([probe], [{}])
+        p = learner.predict_request("u_warmup", ["warmup"], {}, [{}])
         if len(p) != 1:
             raise RuntimeError("warm-up request returned the wrong number of scores")
 
@@ -167,7 +165,6 @@ class Replica:
         user_id: str,
         context: Mapping[str, str],
         item_ids: Sequence[str],
-        ts_ms: int | None = None,
         dense: Sequence[Mapping[str, float]] | None = None,
     ) -> ScoreResult:
         """Click probability of ``user_id`` for each candidate item, features included; ``dense``:
@@ -175,7 +172,7 @@ class Replica:
         training)."""
         current, user, shard_keys = self._begin(user_id, item_ids)
         feats = None if self.features is None else self.features.get(user, shard_keys)
-        return self._finish(current, user, context, item_ids, feats, ts_ms, dense)
+        return self._finish(current, user, context, item_ids, feats, dense)
 
     async def ascore(
         self,
@@ -188,7 +185,7 @@ class Replica:
         reader without ``aget`` runs on the loop's default thread pool), the forward runs inline."""
         current, user, shard_keys = self._begin(user_id, item_ids)
         feats = None if self.features is None else await read_async(self.features, user, shard_keys)
-        return self._finish(current, user, context, item_ids, feats, dense=dense)
+        return self._finish(current, user, context, item_ids, feats, dense)
 
     def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
         """The model this request finishes on, the user's pseudonym and the items' feature keys."""
@@ -206,18 +203,10 @@ class Replica:
         context: Mapping[str, str],
         item_ids: Sequence[str],
         feats: list[dict[str, float]] | None,
-        ts_ms: int | None = None,
-        dense: Sequence[Mapping[str, float]] | None = None,
+        dense: Sequence[Mapping[str, float]] | None,
     ) -> ScoreResult:
-        ts = int(time.time() * 1000) if ts_ms is None else ts_ms
-        ctx = dict(context)  # one copy for the request: the rows only read it
-        if dense is None:
-            rows = [Impression("request", ts, user, item, ctx, {}) for item in item_ids]
-        else:
-            if len(dense) != len(item_ids):
-                raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
-            rows = [
-                Impression("request", ts, user, i, ctx, dict(d)) for i, d in zip(item_ids, dense, strict=True)
-            ]
-        probs = current.learner.predict_rows(rows, [{}] * len(rows) if feats is None else feats)
+        if dense is not None and len(dense) != len(item_ids):
+            raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
+        stream = [{}] * len(item_ids) if feats is None else feats
+        probs = current.learner.predict_request(user, item_ids, context, stream, dense)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])

@@ -99,11 +99,11 @@ def test_a_replica_hot_swaps_between_versions_served_through_torchscript() -> No
     replica = Replica("r1", store, None, lambda user: user, inference="torchscript")  # type: ignore[arg-type]
     items = [f"item{i}" for i in range(100)]
     assert replica.check_once() and replica.version == v1
-    first = replica.score("u_1", {"site": "site1"}, items, ts_ms=1)
+    first = replica.score("u_1", {"site": "site1"}, items)
     assert first.version == v1
     store.set_alias("champion", v2)
     assert replica.check_once() and replica.version == v2
-    second = replica.score("u_1", {"site": "site1"}, items, ts_ms=1)
+    second = replica.score("u_1", {"site": "site1"}, items)
     assert second.version == v2 and replica._current is not None
     assert replica._current.learner.inference == "torchscript"
     np.testing.assert_allclose(first.probabilities, _eager(store, v1, items), rtol=0, atol=1e-6)

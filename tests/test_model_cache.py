@@ -117,7 +117,7 @@ def test_a_replica_swaps_through_prepared_versions_and_old_folders_go(
         for version in versions:
             store.set_alias("champion", version)
             assert replica.check_once() and replica.version == version
-            assert replica.score("u_1", {}, ITEMS[:3], ts_ms=1).version == version
+            assert replica.score("u_1", {}, ITEMS[:3]).version == version
         left = sorted(p.name for p in (tmp_path / "models").iterdir() if p.is_dir())
         assert left == [f"{v}-torchscript" for v in versions[-2:]]
     finally:

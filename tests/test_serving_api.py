@@ -35,11 +35,18 @@ class ConstantModel:
         self.seen_features: list[dict[str, float]] = []
         self.seen_dense: list[dict[str, float]] = []
 
-    def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
-        if rows and rows[0].impression_id == "request":
+    def predict_request(
+        self,
+        user: str,
+        items: Sequence[str],
+        context: Any,
+        feats: Sequence[dict[str, float]],
+        dense: Sequence[dict[str, float]] | None = None,
+    ) -> list[float]:
+        if user != "u_warmup":  # the replica's warm-up request at load
             self.seen_features = list(feats)
-            self.seen_dense = [row.dense for row in rows]
-        return [self.p] * len(rows)
+            self.seen_dense = [{} for _ in items] if dense is None else [dict(d) for d in dense]
+        return [self.p] * len(items)
 
 
 class DictStore:
@@ -54,10 +61,10 @@ class DictStore:
 
 
 class BrokenModel(ConstantModel):
-    def predict_rows(self, rows: Sequence[Any], feats: Sequence[dict[str, float]]) -> list[float]:
-        if rows and rows[0].impression_id == "request":
+    def predict_request(self, user: str, items: Sequence[str], *args: Any) -> list[float]:
+        if user != "u_warmup":
             raise RuntimeError("a model bug")
-        return super().predict_rows(rows, feats)
+        return super().predict_request(user, items, *args)
 
 
 class BrokenReader:

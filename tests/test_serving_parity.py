@@ -71,7 +71,7 @@ def test_the_request_path_gives_the_trainer_inputs_and_probabilities():
         imp = ex.impression
         features = RecordedFeatures(ex.stream_features)
         replica = _replica(learner, features)
-        served = replica.score(imp.user_id, imp.features, [imp.item_id], ts_ms=imp.ts)
+        served = replica.score(imp.user_id, imp.features, [imp.item_id])
         assert features.reads == [(imp.user_id, [imp.item_id])]
         request_row = Impression("request", imp.ts, imp.user_id, imp.item_id, dict(imp.features), {})
         trained = learner.encoder.encode([ex])
@@ -109,11 +109,11 @@ def test_dense_inputs_sent_with_the_request_give_the_trainer_probabilities():
     for ex in examples[:25]:
         imp = ex.impression
         replica = _replica(learner, RecordedFeatures(ex.stream_features))
-        served = replica.score(imp.user_id, imp.features, [imp.item_id], ts_ms=imp.ts, dense=[imp.dense])
+        served = replica.score(imp.user_id, imp.features, [imp.item_id], dense=[imp.dense])
         assert served.probabilities == [float(p) for p in learner.predict([ex])]
     ex = examples[0]
     imp = ex.impression
     replica = _replica(learner, RecordedFeatures(ex.stream_features))
-    bare = replica.score(imp.user_id, imp.features, [imp.item_id], ts_ms=imp.ts)
+    bare = replica.score(imp.user_id, imp.features, [imp.item_id])
     missing = learner.predict([dataclasses.replace(ex, impression=dataclasses.replace(imp, dense={}))])
     assert bare.probabilities == [float(p) for p in missing] != [float(p) for p in learner.predict([ex])]

@@ -92,6 +92,28 @@ def test_encoder_schema_missing_and_unknown_fields():
     assert batch.dense[1].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_a_serving_request_encodes_as_its_rows():
+    """``encode_request`` (user and context hashed once per request) equals ``encode`` of the rows
+    the request stands for: repeated and unseen items, a missing and an unknown context field,
+    dense inputs present, partial, non-finite or absent, stream features partial or absent."""
+    imp = Impression("i", 1, "u1", "a1", {"site": "news", "device": "ios"}, {"price": 2.0, "floor": 1.0})
+    enc = Encoder(BUCKETS).fit([(imp, {"user_ctr_1h": 0.1, "item_impressions_1h": 3.0})])
+    items = ["a1", "a2", "a1", "never-seen"]
+    ctx = {"site": "sport", "brand_new": "x"}
+    stream = [{"user_ctr_1h": 0.2}, {}, {"item_impressions_1h": 7.0, "user_ctr_1h": 0.3}, {"other": 1.0}]
+    for dense in (None, [{"price": 1.5}, {}, {"floor": float("nan")}, {"price": -4.0, "floor": 2.0}]):
+        rows = [
+            Impression("request", 0, "u_9", item, ctx, {} if dense is None else dense[k])
+            for k, item in enumerate(items)
+        ]
+        want = enc.encode(list(zip(rows, stream, strict=True)))
+        got = enc.encode_request("u_9", items, ctx, dense, stream)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.dense, want.dense)
+        assert got.labels is None
+    with pytest.raises(ValueError, match="4 items, 3 feature rows"):
+        enc.encode_request("u_9", items, ctx, None, stream[:3])
+
+
 def test_encoder_spec_round_trip(train_set):
     enc = Encoder(BUCKETS).fit(train_set[:500])
     twin = Encoder.from_spec(json.loads(json.dumps(enc.spec())))
@@ -197,6 +219,11 @@ def test_predict_accepts_rows_pairs_and_new_or_missing_fields(model_name, train_
     assert p.shape == (2,) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
     assert np.array_equal(p, lrn.predict(list(zip(imps, feats, strict=True))))
     assert np.array_equal(p, lrn.predict_rows(imps, feats))
+    same_user = [Impression("request", 0, "u_new", item, {"brand_new": "x"}) for item in ("i1", "i2")]
+    assert np.array_equal(
+        lrn.predict_request("u_new", ["i1", "i2"], {"brand_new": "x"}, feats),
+        lrn.predict_rows(same_user, feats),
+    )
 
 
 # -- incremental loop ------------------------------------------------------------------------------

@@ -179,13 +179,50 @@ class Encoder:
         offset = len(self.dense_keys)
         for j, key in enumerate(self.stream_keys):
             dense[:, offset + j] = [sf.get(key, 0.0) for _, sf in pairs]
+        self._compress(dense)
+        return EncodedBatch(ids, dense, labels)
+
+    def encode_request(
+        self,
+        user_id: str,
+        item_ids: Sequence[str],
+        context: Mapping[str, str],
+        dense: Sequence[Mapping[str, float]] | None,
+        stream: Sequence[Mapping[str, float]],
+    ) -> EncodedBatch:
+        """What :meth:`encode` gives for one serving request's rows, ``Impression(_, _, user_id,
+        item, context, dense[k])`` with ``stream[k]`` for the k-th item, without building them:
+        the user and the context are the same on every row, so each is hashed once and repeated
+        (``tests/test_inference.py`` checks it equals :meth:`encode`)."""
+        self._check_fitted()
+        n = len(item_ids)
+        if len(stream) != n or (dense is not None and len(dense) != n):
+            raise ValueError(f"Encoder.encode_request: {n} items, {len(stream)} feature rows")
+        ids = np.empty((n, len(self.fields)), dtype=np.int64)
+        for j, name in enumerate(self.fields):
+            if name == "item_id":
+                ids[:, j] = self._bucket_column(name, list(item_ids))
+            else:
+                value = user_id if name == "user_id" else context.get(name, MISSING)
+                ids[:, j] = self._bucket_column(name, [value])[0]
+        out = np.zeros((n, len(self.dense_names)), dtype=np.float32)
+        if dense is not None:
+            for j, key in enumerate(self.dense_keys):
+                out[:, j] = [d.get(key, 0.0) for d in dense]
+        offset = len(self.dense_keys)
+        for j, key in enumerate(self.stream_keys):
+            out[:, offset + j] = [sf.get(key, 0.0) for sf in stream]
+        self._compress(out)
+        return EncodedBatch(ids, out)
+
+    def _compress(self, dense: np.ndarray) -> None:
+        """In place: signed ``log1p`` of the counts (rates raw), non-finite values zeroed."""
         for j, name in enumerate(self.dense_names):
             if not _is_rate(name):
                 dense[:, j] = np.sign(dense[:, j]) * np.log1p(np.abs(dense[:, j]))
         # A non-finite input would poison every weight it touches: zero it (validation should
         # already have rejected it; stream features come from our own aggregations).
         np.nan_to_num(dense, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-        return EncodedBatch(ids, dense, labels)
 
     def _bucket_column(self, name: str, col: list[str]) -> list[int]:
         cache = self._cache.get(name)

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -296,8 +297,10 @@ class TorchLearner:
         """The model's own logits (float64), before calibration."""
         batch = self.encode(examples)
         out = []
-        self.model.eval()
-        forward = self.model if self._scorer is None else self._scorer
+        forward = self._scorer
+        if forward is None:
+            self.model.eval()  # a walk over every submodule: not for the traced graph (frozen in eval)
+            forward = self.model
         with torch.inference_mode(), self._autocast():
             for start in range(0, len(batch), _PREDICT_CHUNK):
                 part = batch[start : start + _PREDICT_CHUNK]
@@ -326,6 +329,18 @@ class TorchLearner:
     def inference(self) -> str:
         """The forward :meth:`predict` runs: ``torchscript`` while a traced graph is in use."""
         return "eager" if self._scorer is None else "torchscript"
+
+    def predict_request(
+        self,
+        user_id: str,
+        item_ids: Sequence[str],
+        context: Mapping[str, str],
+        stream_features: Sequence[Mapping[str, float]],
+        dense: Sequence[Mapping[str, float]] | None = None,
+    ) -> np.ndarray:
+        """Serving form of one request: :meth:`predict_rows` of ``Impression(_, _, user_id, item,
+        context, dense[k])`` with ``stream_features[k]`` per item (:meth:`Encoder.encode_request`)."""
+        return self.predict(self.encoder.encode_request(user_id, item_ids, context, dense, stream_features))
 
     def predict_rows(
         self, impressions: Sequence[Impression], stream_features: Sequence[Mapping[str, float]]
@@ -478,6 +493,8 @@ class TorchLearner:
         # Pinned host memory lets the copy overlap with compute; on CPU this is the identity.
         return t.pin_memory().to(self.device, non_blocking=True) if self._pin else t
 
-    def _autocast(self) -> torch.autocast:
+    def _autocast(self) -> AbstractContextManager[Any]:
         dtype = self._amp_dtype
-        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+        if dtype is None:  # fp32: no autocast object on every request's path
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
