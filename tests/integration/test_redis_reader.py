@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis._parsers.hiredis import _AsyncHiredisParser
 
 from features.aggregations import StreamingFeatures
-from features.redis_reader import RedisFeatureReader
+from features.redis_reader import RedisFeatureReader, entity_redis_key
+from features.repo.definitions import JOIN_KEYS
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
 from pipeline.core.config import FeatureConfig, ServingConfig
 from tests.test_serving_api import GOOD, ConstantModel, DictStore, serve
@@ -58,7 +60,8 @@ def sdk_raw(store: object, user: str, items: list[str]) -> list[dict[str, float 
 
 
 def test_direct_reads_equal_the_feast_sdk_for_present_and_missing_entities(feast_store) -> None:
-    store, _ = feast_store
+    store, url = feast_store
+    loop = asyncio.new_event_loop()  # aget's connections belong to one loop
     sf = StreamingFeatures(FeatureConfig())
     writer = FeatureWriter(store, offline=False)
     direct = RedisFeatureReader.for_store(store)
@@ -79,6 +82,19 @@ def test_direct_reads_equal_the_feast_sdk_for_present_and_missing_entities(feast
             user_raw, items_raw = direct.read_raw(user, candidates)
             assert [user_raw | it for it in items_raw] == sdk_raw(store, user, candidates)
             assert direct.get(user, candidates) == sdk.get(user, candidates)
+            assert loop.run_until_complete(direct.aget(user, candidates)) == sdk.get(user, candidates)
+    # the asyncio reads went through the connection's hiredis reader (not the per-reply path)
+    pooled = direct.aclient.connection_pool._available_connections
+    assert pooled and all(isinstance(c._parser, _AsyncHiredisParser) for c in pooled)
+    # an error reply midway (a user key that is not a hash) is raised, and its connection closed:
+    # the next read gets its own replies, not the rest of that one's
+    key = entity_redis_key(JOIN_KEYS["user"], "not-a-hash", store.config.project)
+    redis.Redis.from_url(url).set(key, b"x")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        loop.run_until_complete(direct.aget("not-a-hash", candidates))
+    assert loop.run_until_complete(direct.aget("u_0", candidates)) == sdk.get("u_0", candidates)
+    loop.run_until_complete(direct.aclient.aclose())
+    loop.close()
     user_raw, items_raw = direct.read_raw("never-seen-user", ["never-seen-item", items[0]])
     assert set(user_raw.values()) == {None} and set(items_raw[0].values()) == {None}
     assert None not in items_raw[1].values()  # present entities come back whole
