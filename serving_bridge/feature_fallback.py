@@ -3,8 +3,11 @@
 :class:`FallbackFeatures` wraps a reader (the direct Redis reader or Feast's SDK). A read that
 fails (connection refused, timeout, a store not opened yet, anything the client raises) returns
 :meth:`StreamingFeatures.defaults` for every candidate, counts the fallback and logs it (once per
-outage, not once per request). After a failure the store is not asked again for ``retry_s``: a
-store that hangs would otherwise add its timeout to every request.
+outage, not once per request). After ``failures_to_back_off`` failed reads in a row the store is
+not asked again for ``retry_s``: a store that hangs would otherwise add its timeout to every
+request. A single failure does not back off: one read late by a stall of this process (the VM
+descheduled it, a collection) is not an outage, and backing off on it scored the next second of
+requests (~200 at 200 req/s) with defaults.
 
 With ``timeout_s`` set (``serving.feature_timeout_s`` in ``ctr serve``) the request waits for a
 read at most ``timeout_s``; a slower read counts as a failure and the request scores with defaults
@@ -58,9 +61,12 @@ class FallbackFeatures:
         *,
         timeout_s: float | None = None,
         workers: int = 32,
+        failures_to_back_off: int = 3,
     ) -> None:
         self.reader = reader  # None: no store configured yet, defaults for every request
         self.retry_s = retry_s
+        self.failures_to_back_off = max(1, failures_to_back_off)
+        self._in_a_row = 0  # failed reads since the last good one
         self.timeout_s = timeout_s  # None: read in the caller's thread, no deadline (tests, tools)
         self._defaults = StreamingFeatures(cfg or FeatureConfig()).defaults()
         self.fallbacks = 0  # requests scored with default features because the store failed
@@ -120,6 +126,7 @@ class FallbackFeatures:
         return [dict(self._defaults) for _ in item_ids]
 
     def _recovered(self) -> None:
+        self._in_a_row = 0
         if self._outage:
             self._outage = False
             log.warning("features: online store reachable again")
@@ -142,8 +149,18 @@ class FallbackFeatures:
     def _failed(self, exc: Exception) -> None:
         with self._lock:
             self.failures += 1
+            self._in_a_row += 1
+            if self._in_a_row < self.failures_to_back_off:
+                log.info("features: online store read failed (%r); this request scores with defaults", exc)
+                return
             self._down_until = time.monotonic() + self.retry_s
             first = not self._outage
             self._outage = True
         if first:
-            log.warning("features: online store read failed (%r); scoring with default features", exc)
+            log.warning(
+                "features: %d online store reads in a row failed (last: %r); scoring with default "
+                "features, asking the store again every %.1f s",
+                self._in_a_row,
+                exc,
+                self.retry_s,
+            )

@@ -247,6 +247,7 @@ def serve_replica(
         retry_s=cfg.serving.feature_retry_s,
         timeout_s=cfg.serving.feature_timeout_s,
         workers=cfg.serving.max_in_flight,
+        failures_to_back_off=cfg.serving.feature_failures_to_back_off,
     )
     partitions = cfg.kafka.partitions
     pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")

@@ -317,13 +317,16 @@ def test_online_store_failure_scores_with_default_features_and_counts_it() -> No
     model = ConstantModel(0.3)
     store = DictStore({"1": model}, {"champion": "1"})
     with serve(store, ServingConfig(), reader=BrokenReader()) as (client, server):
-        for _ in range(3):
+        for _ in range(2):  # a failure or two is that request on defaults, not an outage
             assert client.score(GOOD)[0] == 200
+            assert "ctr_serving_feature_store_up 1" in client.request("GET", "/metrics")[2]
         assert model.seen_features and model.seen_features[0]["user_impressions_1h"] == 0.0
         assert model.seen_features[0]["item_ctr_1h"] == pytest.approx(0.05)  # the prior, not 0
-        assert server.features is not None and server.features.failures == 1  # then not retried for 60 s
+        for _ in range(3):  # the 3rd failure in a row: the store is not asked again for 60 s
+            assert client.score(GOOD)[0] == 200
+        assert server.features is not None and server.features.failures == 3
         metrics = client.request("GET", "/metrics")[2]
-        assert "ctr_serving_feature_fallbacks_total 3.0" in metrics
+        assert "ctr_serving_feature_fallbacks_total 5.0" in metrics
         assert "ctr_serving_feature_store_up 0" in metrics
 
 
@@ -362,6 +365,39 @@ class HangingReader:
         return [{"user_ctr_1h": 0.5} for _ in item_ids]
 
 
+class SometimesLateReader:
+    """An online store whose ``late`` next reads stall past the feature timeout."""
+
+    def __init__(self) -> None:
+        self.late = 0
+        self.calls = 0
+
+    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+        self.calls += 1
+        if self.late:
+            self.late -= 1
+            time.sleep(0.3)
+        return [{"user_ctr_1h": 0.5} for _ in item_ids]
+
+
+def test_one_late_feature_read_scores_that_request_with_defaults_and_the_next_reads_the_store() -> None:
+    """A read late by a stall (the VM descheduled the replica) is not an outage: backing off on it
+    put the next second of requests on default features."""
+    reader, model = SometimesLateReader(), ConstantModel(0.3)
+    store = DictStore({"1": model}, {"champion": "1"})
+    with serve(store, ServingConfig(), reader=reader, timeout_s=0.1) as (client, server):
+        for late in (1, 2):
+            reader.late = late
+            for _ in range(late):
+                assert client.score(GOOD)[0] == 200
+                assert model.seen_features[0]["user_ctr_1h"] == pytest.approx(0.05)  # defaults
+            assert client.score(GOOD)[0] == 200
+            assert model.seen_features[0]["user_ctr_1h"] == 0.5  # asked again at once: the store's
+        assert server.features is not None
+        assert (server.features.failures, server.features.fallbacks, reader.calls) == (3, 3, 5)
+        assert "ctr_serving_feature_store_up 1" in client.request("GET", "/metrics")[2]
+
+
 def test_a_replica_started_before_the_joiner_connects_to_the_store_once_it_exists(tmp_path: Path) -> None:
     """Until the joiner has set up its Feast store every read fails (defaults are served); after, the
     reader opens it and reads from it."""
@@ -397,7 +433,10 @@ def test_a_hanging_online_store_read_scores_with_defaults_after_the_feature_time
             assert model.seen_features[0]["user_ctr_1h"] == pytest.approx(0.05)  # the default
             assert server.features is not None
             assert (server.features.fallbacks, server.features.failures) == (1, 1)
-            assert client.score(GOOD)[0] == 200 and hanging.calls == 1  # not asked again for retry_s
+            for _ in range(2):  # two more late reads in a row: then the store is left alone
+                assert client.score(GOOD)[0] == 200
+            assert client.score(GOOD)[0] == 200 and hanging.calls == 3  # not asked again for retry_s
+            assert (server.features.fallbacks, server.features.failures) == (4, 3)
             assert "ctr_serving_feature_store_up 0" in client.request("GET", "/metrics")[2]
         finally:
             hanging.release.set()

@@ -177,7 +177,10 @@ class ServingConfig(Section):
     # answers); "feast" goes through FeatureStore.get_online_features (any online store).
     feature_path: FeaturePath = "redis"
     feature_timeout_s: Positive = 0.1  # a Redis read slower than this scores with default features
-    feature_retry_s: Seconds = 1.0  # after a failed read, default features this long before retrying
+    # after this many failed reads in a row, default features for feature_retry_s before retrying
+    # (a single late read is one request on defaults, not an outage)
+    feature_failures_to_back_off: Count = 3
+    feature_retry_s: Seconds = 1.0  # then default features this long before the store is asked again
     torch_threads: Natural = 1  # torch intra-op threads of a replica; 0 = torch's default (one per core)
     # How a replica runs each version it loads: "torchscript" traces and freezes it (the forward of
     # 100 rows 23-31% faster than "eager", same probabilities: benchmarks/README.md "Inference
