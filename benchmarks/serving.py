@@ -244,6 +244,27 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def shares(before: dict[int, float], after: dict[int, float]) -> list[float]:
+    """Each worker's share of what the workers spent between two :func:`worker_cpu` readings."""
+    spent = [after[w] - before.get(w, 0.0) for w in sorted(after)]
+    total = sum(spent)
+    return [round(x / total, 3) for x in spent] if total > 0 else []
+
+
+def worker_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each serving worker of the replica ``pid`` (its spawned children, their
+    helpers included): how evenly the kernel spread the client connections over the workers."""
+    out: dict[int, float] = {}
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out[int(child)] = cpu_seconds(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
 def counter_of(port: int, name: str, label: str = "") -> float:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics")
@@ -441,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     flips: list[float] = []
                     flipper = None
                     swaps_before, fallbacks_before = swaps_of(port), fallbacks_of(port)
-                    cpu_before = cpu_seconds(proc.pid)
+                    cpu_before, workers_before = cpu_seconds(proc.pid), worker_cpu(proc.pid)
                     spy = None
                     if profiling:
                         spy = start_py_spy(args, proc.pid, Path(tmp) / "profile.txt")
@@ -467,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
                         "versions_served": served,
                         "swaps": swaps_of(port) - swaps_before,
                         "feature_fallbacks": fallbacks_of(port) - fallbacks_before,
+                        # each worker's share of the workers' CPU: connections stick to the
+                        # worker that accepted them, and a burst of connects goes mostly to one
+                        "worker_cpu_shares": shares(workers_before, worker_cpu(proc.pid)),
                         "replica_cpu_ms_per_request": round(
                             (cpu_seconds(proc.pid) - cpu_before) * 1000.0 / max(len(lat) + errors, 1), 3
                         ),
@@ -485,16 +509,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\noffered load {args.rate:g} req/s, {args.candidates} candidates, {args.seconds:g} s per phase")
     print(
         f"{'phase':<14}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'max ms':>9}"
-        f"{'qps':>8}{'errors':>8}{'swaps':>7}{'defaults':>10}{'cpu ms':>8}"
+        f"{'qps':>8}{'errors':>8}{'swaps':>7}{'defaults':>10}{'cpu ms':>8}  workers"
     )
     for name, ph in phases.items():
         print(
             f"{name:<14}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['p999_ms']:>9.2f}{ph['max_ms']:>9.2f}"
             f"{ph['qps']:>8.1f}{ph['errors']:>8}{ph['swaps']:>7.0f}{ph['feature_fallbacks']:>10.0f}"
-            f"{ph['replica_cpu_ms_per_request']:>8.2f}"
+            f"{ph['replica_cpu_ms_per_request']:>8.2f}  "
+            + "/".join(f"{x:.2f}" for x in ph["worker_cpu_shares"])
         )
     print("(defaults: requests scored with default features: the store read failed or missed the deadline;")
-    print(" cpu ms: the replica's CPU time per request, its workers included, /metrics scrapes too)")
+    print(" cpu ms: the replica's CPU time per request, its workers included, /metrics scrapes too;")
+    print(" workers: each worker's share of that CPU: a connection stays on the worker that accepted it)")
     print(
         f"\nfeature read alone, 1 user + {args.candidates} items "
         f"({args.feature_reads} reads each, in process):"
