@@ -33,6 +33,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -102,6 +103,7 @@ class ScoringApp:
         token = self.cfg.auth_token.get_secret_value() if self.cfg.auth_token else ""
         self._token = f"Bearer {token}".encode() if token else b""
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
+        self.open_connections: Callable[[], int] | None = None  # set by the server it runs in
         folder = multiprocess_dir()  # set: one of several workers of a `ctr serve`
         self.metrics = Registry({"worker": worker_index()} if folder else None)
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))

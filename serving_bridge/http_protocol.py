@@ -14,12 +14,17 @@ each in a few lines over uvicorn's own protocol and server:
 - the stop (SIGTERM): :class:`DrainingServer` keeps a duplicate of the listening socket, so after
   uvicorn stops accepting, the connections the kernel completed meanwhile are taken from it and
   answered (for at most ``drain_s``) before the listener closes; in-flight requests finish (uvicorn);
-- :meth:`DrainingServer.on_tick` (every 0.1 s) feeds the systemd watchdog and reports swaps.
+- :meth:`DrainingServer.on_tick` (every 0.1 s) feeds the systemd watchdog and reports swaps;
+- with ``balance`` (a worker of several sharing the port) the server accepts connections itself,
+  one at a time, and leaves a connection to a sibling worker that holds fewer
+  (:mod:`serving_bridge.worker_slot`), for at most :data:`MAX_DEFER_S`; uvloop's own accept takes
+  every connection waiting in one go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import socket
@@ -31,9 +36,12 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["DrainingServer", "JsonErrorsProtocol", "error_bytes"]
+__all__ = ["MAX_DEFER_S", "DrainingServer", "JsonErrorsProtocol", "error_bytes"]
 
 log = logging.getLogger(__name__)
+MAX_DEFER_S = 0.05  # the longest a connection is left to a sibling worker before this one takes it
+_DEFER_STEP_S = 0.001
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def error_bytes(status: int, reason: str, message: str, *headers: tuple[str, str]) -> bytes:
@@ -100,12 +108,78 @@ class DrainingServer(uvicorn.Server):
         tick: Callable[[], None] | None = None,
         on_exit_signal: Callable[[], None] | None = None,
         drain_s: float = 1.0,
+        balance: Any = None,
     ) -> None:
         super().__init__(config)
         self._spare = listener.dup()  # keeps the kernel's queue alive after uvicorn closes its copy
         self._tick, self._on_exit_signal, self.drain_s = tick, on_exit_signal, drain_s
         self.backlog_answered = 0
         self.accepting = True
+        # a WorkerSlot (defer_accept, set_connections): accept here, balanced with the siblings
+        self._balance = balance
+        self._listener = listener
+        self._reading = False
+        self._deferred_since: float | None = None
+        self._connecting: set[asyncio.Task[Any]] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._balance is None or not sockets:
+            await super().startup(sockets)
+            return
+        await super().startup([])  # uvicorn's state and lifespan; the accepting is done here
+        self._listener.setblocking(False)
+        self._watch(True)
+
+    def _watch(self, on: bool) -> None:
+        """Start or stop watching the listening socket for a connection to accept."""
+        loop = asyncio.get_running_loop()
+        if on and not self._reading and self.accepting:
+            loop.add_reader(self._listener.fileno(), self._accept_one)
+            self._reading = True
+        elif not on and self._reading:
+            loop.remove_reader(self._listener.fileno())
+            self._reading = False
+
+    def _accept_one(self) -> None:
+        """A connection waits: take it, unless a live sibling holds fewer connections and it has
+        not waited :data:`MAX_DEFER_S` yet (then look again in a millisecond)."""
+        loop = asyncio.get_running_loop()
+        mine = len(self.server_state.connections)
+        now = time.monotonic()
+        if self._balance.defer_accept(mine):
+            if self._deferred_since is None:
+                self._deferred_since = now
+            if now - self._deferred_since < MAX_DEFER_S:
+                self._watch(False)
+                loop.call_later(_DEFER_STEP_S, self._watch, True)
+                return
+        self._deferred_since = None
+        try:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):  # a sibling took it
+            return
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:  # out of descriptors: look again in a while
+                log.warning("serve: cannot accept a connection (%s); trying again in 0.1 s", exc)
+                self._watch(False)
+                loop.call_later(0.1, self._watch, True)
+            return  # else the client gave up meanwhile
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._balance.set_connections(mine + 1)
+        task = loop.create_task(loop.connect_accepted_socket(self._protocol, conn))
+        self._connecting.add(task)  # referenced until done (the loop keeps weak references only)
+        task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        self._connecting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the client left meanwhile
+            log.debug("serve: an accepted connection could not start: %r", task.exception())
+
+    def _protocol(self) -> JsonErrorsProtocol:
+        return JsonErrorsProtocol(
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._on_exit_signal is not None and not self.should_exit:
@@ -120,6 +194,8 @@ class DrainingServer(uvicorn.Server):
     async def stop_accepting(self) -> None:
         """Close uvicorn's listeners; completed connections wait in the kernel's queue (the spare)."""
         if self.accepting:
+            if self._balance is not None:
+                self._watch(False)
             self.accepting = False
             for server in self.servers:
                 server.close()
@@ -148,12 +224,7 @@ class DrainingServer(uvicorn.Server):
                 except OSError:  # the client gave up meanwhile
                     continue
 
-                def make() -> JsonErrorsProtocol:
-                    return JsonErrorsProtocol(
-                        config=self.config, server_state=self.server_state, app_state=self.lifespan.state
-                    )
-
-                _, protocol = await loop.connect_accepted_socket(make, conn)
+                _, protocol = await loop.connect_accepted_socket(self._protocol, conn)
                 protocols.append(protocol)
                 self.backlog_answered += 1
             while time.monotonic() < deadline and any(

@@ -10,7 +10,6 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from serving_bridge.feature_fallback import FallbackFeatures, read_async
 from serving_bridge.model_cache import ModelHelper, PreparedModelStore
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer, bind, kafka_partition, listen_for_swaps, serve_workers
+from serving_bridge.worker_slot import WorkerSlot
 from trainers.registry import MlflowModelStore
 
 __all__ = [
@@ -214,14 +214,15 @@ def serve_replica(
     cfg: Config,
     name: str,
     listener: socket.socket,
-    heartbeat: Callable[[], None] | None = None,
+    slot: WorkerSlot | None = None,
     *,
     notify: bool = False,
     models: Path,
 ) -> None:
     """One serving process on ``listener``: its models, alias watchers and feature reader
-    (``heartbeat``: a worker's, called from its event loop; ``notify``: systemd's main process;
-    ``models``: the folder of prepared versions its host's workers share)."""
+    (``slot``: a worker's heartbeat and connection count, :mod:`serving_bridge.worker_slot`;
+    ``notify``: systemd's main process; ``models``: the folder of prepared versions its host's
+    workers share)."""
     if cfg.serving.torch_threads > 0:
         # 100 rows per request are too few to split across cores; parallel requests use them instead
         import torch
@@ -269,7 +270,7 @@ def serve_replica(
     stop = threading.Event()
     listen_for_swaps(cfg.daemon.redis_url, router, stop)
     server = ReplicaServer(
-        "", 0, router, cfg.serving, features=features, listener=listener, notify=notify, heartbeat=heartbeat
+        "", 0, router, cfg.serving, features=features, listener=listener, notify=notify, slot=slot
     )
     tune_for_latency()
     try:

@@ -44,6 +44,7 @@ from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
 from serving_bridge.worker_metrics import WORKER_MARKER
+from serving_bridge.worker_slot import WorkerSlot
 
 __all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "bind", "kafka_partition", "listen_for_swaps", "serve_workers"]
 
@@ -110,10 +111,10 @@ class ReplicaServer:
         features: FallbackFeatures | None = None,
         listener: socket.socket | None = None,
         notify: bool = True,
-        heartbeat: Callable[[], None] | None = None,
+        slot: WorkerSlot | None = None,
     ) -> None:
         self.app = ScoringApp(router, cfg, features=features)
-        self.heartbeat = heartbeat  # a worker of serve_workers: its event loop is alive
+        self.slot = slot  # a worker of serve_workers: its heartbeat and connection count
         self.listener = listener if listener is not None else bind(host, port)
         self.address = self.listener.getsockname()[:2]
         self.notify = notify
@@ -138,8 +139,13 @@ class ReplicaServer:
             backlog=BACKLOG,
         )
         self.server = DrainingServer(
-            config, self.listener, tick=self._tick, on_exit_signal=self._stopping if notify else None
+            config,
+            self.listener,
+            tick=self._tick,
+            on_exit_signal=self._stopping if notify else None,
+            balance=slot,
         )
+        self.app.open_connections = lambda: len(self.server.server_state.connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -153,8 +159,9 @@ class ReplicaServer:
     def _tick(self) -> None:
         """Every 0.1 s on the event loop: READY once, the watchdog (or the parent's heartbeat), a
         swap reported."""
-        if self.heartbeat is not None:
-            self.heartbeat()
+        if self.slot is not None:
+            self.slot.beat()
+            self.slot.set_connections(len(self.server.server_state.connections))
         if self.app.worker_states is not None:  # one of several workers: its state for the others
             self.app.worker_states.publish_due()
         if not self._warmed:
@@ -212,33 +219,32 @@ class ReplicaServer:
 
 
 def _worker_main(
-    worker: Callable[[socket.socket, Callable[[], None]], None],
+    worker: Callable[[socket.socket, WorkerSlot], None],
     listener: socket.socket,
     log_setup: logs.LogSetup,
-    beat: Any,
+    beats: Any,
+    connections: Any,
     index: int,
 ) -> None:
     logs.restore(log_setup)  # a spawned process starts with logging unconfigured
     os.environ[WORKER_MARKER] = str(index)  # labels this worker's scrape-time series
-
-    def heartbeat() -> None:
-        beat.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
-
-    worker(listener, heartbeat)
+    worker(listener, WorkerSlot(index, beats, connections))
 
 
 def serve_workers(
     workers: int,
     listener: socket.socket,
-    worker: Callable[[socket.socket, Callable[[], None]], None],
+    worker: Callable[[socket.socket, WorkerSlot], None],
     *,
     what: str = "serve",
     hang_s: float = 30.0,
 ) -> None:
-    """Run ``worker(listener, heartbeat)`` in ``workers`` spawned processes until SIGTERM (see the
-    module doc). A worker calls ``heartbeat()`` from its event loop (:class:`ReplicaServer` does,
+    """Run ``worker(listener, slot)`` in ``workers`` spawned processes until SIGTERM (see the
+    module doc). A worker calls ``slot.beat()`` from its event loop (:class:`ReplicaServer` does,
     every 0.1 s); one that has beaten once and then not for ``hang_s`` is hung (a forward or a
-    read that never returns, a deadlock): it is killed and replaced, as one that died.
+    read that never returns, a deadlock): it is killed and replaced, as one that died. The slot
+    also carries its connection count, by which the workers balance their accepts
+    (:mod:`serving_bridge.worker_slot`).
 
     ``worker`` must be picklable (a module-level function or a :func:`functools.partial` of one).
     """
@@ -252,13 +258,14 @@ def serve_workers(
         os.environ[var] = metrics_dir
     # each worker's last heartbeat (time.monotonic()); 0 until its event loop runs: start-up (its
     # imports, MLflow away) is not a hang
-    beats = [spawn.Value("d", 0.0, lock=False) for _ in range(workers)]
+    beats = spawn.Array("d", workers, lock=False)
+    connections = spawn.Array("i", workers, lock=False)  # each worker's open connections
 
     def start(i: int) -> Any:
-        beats[i].value = 0.0
+        beats[i], connections[i] = 0.0, 0
         proc = spawn.Process(
             target=_worker_main,
-            args=(worker, listener, logs.snapshot(), beats[i], i),
+            args=(worker, listener, logs.snapshot(), beats, connections, i),
             name=f"{what}-worker",
             daemon=False,
         )
@@ -279,7 +286,7 @@ def serve_workers(
         for i, proc in enumerate(procs):
             if stop.is_set():
                 break
-            silent = time.monotonic() - beats[i].value
+            silent = time.monotonic() - beats[i]
             if not proc.is_alive():
                 log.error(
                     "%s: worker %d (pid %s) exited with %s; starting another",
@@ -288,7 +295,7 @@ def serve_workers(
                     proc.pid,
                     proc.exitcode,
                 )
-            elif beats[i].value > 0 and silent > hang_s:
+            elif beats[i] > 0 and silent > hang_s:
                 log.error(
                     "%s: worker %d (pid %s) has not ticked for %.0f s (hung); killing it, starting another",
                     what,

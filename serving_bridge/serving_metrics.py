@@ -45,6 +45,8 @@ def collect_replica_metrics(server: Any) -> None:
     champion = server.router.champion
     m.gauge("ctr_serving_ready", "1 once a model is loaded", replica=champion.name).set(int(champion.ready))
     m.gauge("ctr_serving_in_flight", "POST /score requests being processed").set(server.in_flight)
+    if server.open_connections is not None:
+        m.gauge("ctr_serving_connections", "open client connections").set(server.open_connections())
     features = server.features
     if features is not None:
         m.counter(

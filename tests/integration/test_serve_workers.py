@@ -2,11 +2,13 @@
 
 A worker whose event loop stops (here: SIGSTOP, as a forward or a read that never returns would
 stop it) answers nothing while it still lives; the parent sees its heartbeat go silent for
-``serving.worker_hang_s``, kills it and starts another, and the port keeps answering.
+``serving.worker_hang_s``, kills it and starts another, and the port keeps answering. Before
+that, connections opened together are spread over both workers (``serving_bridge.worker_slot``).
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -17,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving_bridge.replica_processes import free_port, stop_processes
 
@@ -62,6 +65,7 @@ def test_a_hung_worker_is_killed_and_replaced(services: dict[str, str], tmp_path
         first = _workers(log)
         assert len(first) == 2, log.read_text()[-3000:]
         time.sleep(1)  # both loops tick (every 0.1 s): their heartbeats are set
+        _connections_are_spread_over_the_workers(port, sorted(first))
         hung = min(first)
         os.kill(hung, signal.SIGSTOP)
         deadline = time.monotonic() + 60
@@ -76,3 +80,39 @@ def test_a_hung_worker_is_killed_and_replaced(services: dict[str, str], tmp_path
     finally:
         stop_processes([proc])
     assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+def _connections_are_spread_over_the_workers(port: int, workers: list[int]) -> None:
+    """Eight keep-alive connections waiting together in the accept queue end up four per worker
+    (one more or less): left to uvloop, the worker that woke first took all of them."""
+    clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(8)]
+    try:
+        for pid in workers:  # for a moment neither accepts: the kernel queues the connections
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            for c in clients:
+                c.connect()
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        for c in clients:  # each connection accepted and served
+            c.request("GET", "/healthz")
+            assert c.getresponse().read()
+        counts: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while sum(counts.values()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)  # each worker publishes its state every second
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            counts = {
+                s.labels["worker"]: s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "ctr_serving_connections"
+            }
+        # the scrape's own connection counts too (on the worker that answered it)
+        assert set(counts) == {"0", "1"} and sum(counts.values()) >= 8, counts
+        assert min(counts.values()) >= 3, counts
+    finally:
+        for c in clients:
+            c.close()
