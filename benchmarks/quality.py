@@ -70,6 +70,8 @@ class WorldSpec:
     simulator: dict[str, Any] = dataclasses.field(default_factory=dict)  # SimulatorConfig overrides
     path: str = ""  # under --datasets, for the real samples
     block: int = 0  # examples per block of a real sample; 0 = REAL_BLOCK
+    impressions: int = 0  # a synthetic world's own length (not under --quick); 0 = the suite's
+    train_every: int = 0  # its own block size (not under --quick); 0 = the suite's
 
     @property
     def real(self) -> bool:
@@ -96,6 +98,13 @@ WORLDS: dict[str, WorldSpec] = {
             "interest_strength": 1.2,
             "base_ctr": 0.02,
         },
+    ),
+    "sim-long": WorldSpec(
+        "simulator",
+        5,
+        "the simulator over 1M impressions in blocks of 100k: whether the learner keeps up for long",
+        impressions=1_000_000,
+        train_every=100_000,
     ),
     "lifecycle": WorldSpec(
         "lifecycle", 1, "ad life cycles, cold start, position bias, seasonality, 0.5% CTR"
@@ -252,11 +261,12 @@ def run_world(
     for m in ("deepfm", "dcnv2"):
         if m in learners:
             runs.setdefault(m, []).append(m)
-    impressions = args.impressions or SYNTHETIC_IMPRESSIONS[args.quick]
+    own = not args.quick  # --quick runs every synthetic world at its quick length
+    impressions = args.impressions or (own and spec.impressions) or SYNTHETIC_IMPRESSIONS[args.quick]
     if spec.real:
         block = args.real_train_every or spec.block or REAL_BLOCK
     else:
-        block = args.train_every or SYNTHETIC_BLOCK[args.quick]
+        block = args.train_every or (own and spec.train_every) or SYNTHETIC_BLOCK[args.quick]
     blocks: dict[int, dict[str, Any]] = {}
     timing: dict[str, Any] = {}
     oracle = "oracle" in learners and not spec.real and bool(runs)
