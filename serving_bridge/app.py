@@ -61,7 +61,7 @@ from serving_bridge.openapi import (
     score_request_model,
 )
 from serving_bridge.serving_metrics import collect_replica_metrics
-from serving_bridge.worker_metrics import WorkerStates, worker_index
+from serving_bridge.worker_metrics import WorkerStates
 
 __all__ = ["ScoringApp"]
 
@@ -91,7 +91,12 @@ class ScoringApp:
     body_timeout_s = 2.0  # a POST body not complete this long after its headers gets 408
 
     def __init__(
-        self, router: Any, cfg: ServingConfig | None = None, *, features: FallbackFeatures | None = None
+        self,
+        router: Any,
+        cfg: ServingConfig | None = None,
+        *,
+        features: FallbackFeatures | None = None,
+        worker: int = 0,
     ) -> None:
         self.router = router
         self.cfg = cfg or ServingConfig()
@@ -105,7 +110,8 @@ class ScoringApp:
         self.in_flight = 0  # POST /score requests admitted now (changed on the event loop only)
         self.open_connections: Callable[[], int] | None = None  # set by the server it runs in
         folder = multiprocess_dir()  # set: one of several workers of a `ctr serve`
-        self.metrics = Registry({"worker": worker_index()} if folder else None)
+        # with several workers: this one's index (serving_bridge.worker_slot) labels its state
+        self.metrics = Registry({"worker": str(worker)} if folder else None)
         self.metrics.on_scrape(lambda: collect_replica_metrics(self))
         # counted as requests happen, by prometheus-client itself: with serving.workers > 1
         # (PROMETHEUS_MULTIPROC_DIR set by the parent) these add up across the worker processes
@@ -123,7 +129,7 @@ class ScoringApp:
             self.exposition = CollectorRegistry()
             MultiProcessCollector(self.exposition)
             # every worker's state (version, swaps, in flight, ...), each labelled with its index
-            self.worker_states = WorkerStates(self.metrics, folder, worker_index())
+            self.worker_states = WorkerStates(self.metrics, folder, str(worker))
             self.exposition.register(self.worker_states)
         routes = [
             Route("/score", self.score, methods=["POST"]),

@@ -43,7 +43,6 @@ from pipeline.core.metrics import MULTIPROC_MARKER
 from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
-from serving_bridge.worker_metrics import WORKER_MARKER
 from serving_bridge.worker_slot import WorkerSlot
 
 __all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "bind", "kafka_partition", "listen_for_swaps", "serve_workers"]
@@ -113,7 +112,7 @@ class ReplicaServer:
         notify: bool = True,
         slot: WorkerSlot | None = None,
     ) -> None:
-        self.app = ScoringApp(router, cfg, features=features)
+        self.app = ScoringApp(router, cfg, features=features, worker=slot.index if slot else 0)
         self.slot = slot  # a worker of serve_workers: its heartbeat and connection count
         self.listener = listener if listener is not None else bind(host, port)
         self.address = self.listener.getsockname()[:2]
@@ -227,7 +226,6 @@ def _worker_main(
     index: int,
 ) -> None:
     logs.restore(log_setup)  # a spawned process starts with logging unconfigured
-    os.environ[WORKER_MARKER] = str(index)  # labels this worker's scrape-time series
     worker(listener, WorkerSlot(index, beats, connections))
 
 

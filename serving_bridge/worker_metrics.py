@@ -32,17 +32,11 @@ from prometheus_client.registry import Collector
 
 from pipeline.core.metrics import Registry
 
-__all__ = ["PUBLISH_EVERY_S", "WORKER_MARKER", "WorkerStates", "worker_index"]
+__all__ = ["PUBLISH_EVERY_S", "WorkerStates"]
 
 log = logging.getLogger(__name__)
-WORKER_MARKER = "CTR_METRICS_WORKER"  # set by serve_workers in each worker process: its index
 PUBLISH_EVERY_S = 1.0
 _PREFIX = "worker-state-"
-
-
-def worker_index() -> str:
-    """This process's worker index under ``ctr serve`` with several workers ("0" otherwise)."""
-    return os.environ.get(WORKER_MARKER, "0")
 
 
 class WorkerStates(Collector):
