@@ -12,6 +12,8 @@ streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progre
   regression on the same hashed features, the backtest's baseline);
 - ``deepfm`` and ``dcnv2``: the online champion with that model, a separate run without the FTRL
   baseline (its scores would be the same); a model equal to the default is not run twice;
+- ``baserate``: each block from the second scored with the click rate of the blocks before it,
+  the least a learner must do (on the Open Bandit logs, nearly all there is to learn);
 - ``oracle`` (synthetic worlds only): the world's hidden click probability of each example, the
   ceiling; it counts clicks at any delay, so where clicks come after the attribution window
   (``shifts``) its calibration against the joined labels is above 1.
@@ -54,7 +56,7 @@ from pipeline.sources.streams import SimulatorSource
 from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
-LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static", "oracle")
+LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static", "baserate", "oracle")
 SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
 REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
@@ -320,6 +322,8 @@ def run_world(
             same[m] = "default"
             for row in blocks.values():  # the default run is this model's run: not trained twice
                 row["scores"][m] = row["scores"]["default"]
+    if "baserate" in learners:
+        add_base_rate(blocks)
     present = [n for n in learners if n != "oracle" or oracle]
     scored = score_world(list(blocks.values()), present, resamples=args.resamples, seed=spec.seed)
     scored["checks"] = {n: checks(scored, n) for n in present}
@@ -330,6 +334,18 @@ def run_world(
         **scored,
         "runs": timing,
     }
+
+
+def add_base_rate(blocks: dict[int, dict[str, Any]]) -> None:
+    """The ``baserate`` reference: every block from the second scored with the click rate of all
+    blocks before it (learned from the same joined labels the learners had, predict-then-learn);
+    the least a learner must do, and on a thin world (Open Bandit) all that can be learned."""
+    clicks = seen = 0.0
+    for index in sorted(blocks):
+        row = blocks[index]
+        if seen > 0:
+            row["scores"]["baserate"] = np.full(row["labels"].shape, clicks / seen)
+        clicks, seen = clicks + float(row["labels"].sum()), seen + row["labels"].size
 
 
 def git_commit() -> str:

@@ -76,21 +76,29 @@ def score_world(
 def checks(world: Mapping[str, Any], learner: str) -> dict[str, Any]:
     """The issue's Must-show checks for ``learner`` (judged on blocks 2+): AUC >= FTRL's (and the
     paired CI of the difference above 0), NE < 1 pooled and on each block with >= 100 clicks,
-    calibration within [0.9, 1.1]."""
+    calibration within [0.9, 1.1].
+
+    On a world where no block has 100 clicks (the Open Bandit logs: ~10 per block) even the click
+    rate known in hindsight only just reaches NE 1, so there, as the issue puts it, NE < 1 means
+    learning the base rate quickly: the pooled NE must be at most ``baserate``'s (``ne_vs_base``)."""
     v = world["learners"][learner]
     b2 = v["blocks2"]
     margin = world["margins"].get(f"{learner}_vs_ftrl")
     judged = [b for b in v["per_block"] if b["block"] >= 2 and b["positives"] >= BLOCK_MIN_POSITIVES]
+    base = world["learners"].get("baserate")
     lo, hi = CALIBRATION
     out: dict[str, Any] = {
         "auc_ge_ftrl": None if margin is None else bool(margin["auc"] >= 0),
         "auc_beyond_ci": None if margin is None else bool(margin["auc_ci95"][0] > 0),
         "ne_blocks2_lt_1": bool(b2["ne"] < 1),
+        "ne_le_baserate": None if base is None else bool(b2["ne"] <= base["blocks2"]["ne"]),
         "ne_blocks_judged": [b["block"] for b in judged],
         "ne_every_block_lt_1": all(b["ne"] < 1 for b in judged),
         "calibration_ok": bool(lo <= b2["calibration"] <= hi),
     }
-    required = [out["auc_ge_ftrl"], out["ne_blocks2_lt_1"], out["ne_every_block_lt_1"], out["calibration_ok"]]
+    thin = not judged and out["ne_le_baserate"] is not None
+    out["ne_ok"] = out["ne_le_baserate"] if thin else out["ne_blocks2_lt_1"]
+    required = [out["auc_ge_ftrl"], out["ne_ok"], out["ne_every_block_lt_1"], out["calibration_ok"]]
     out["pass"] = all(x is not False for x in required)
     return out
 
@@ -121,9 +129,10 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
             marg = "-" if m is None else f"{m['auc']:+.4f} [{m['auc_ci95'][0]:+.4f}, {m['auc_ci95'][1]:+.4f}]"
             c = w["checks"][n]
             auc_ok = _yn(c["auc_ge_ftrl"]) + (" (CI)" if c["auc_beyond_ci"] else "")
-            ne = (
-                f"{_yn(c['ne_blocks2_lt_1'])}, {_yn(c['ne_every_block_lt_1'])} ({len(c['ne_blocks_judged'])})"
-            )
+            pooled = _yn(c.get("ne_ok", c["ne_blocks2_lt_1"]))
+            if not c["ne_blocks_judged"] and c.get("ne_le_baserate") is not None:
+                pooled += " (<= baserate)"
+            ne = f"{pooled}, {_yn(c['ne_every_block_lt_1'])} ({len(c['ne_blocks_judged'])})"
             lines.append(
                 f"| {name} | {label} | {_f(b2['auc'])} {ci} | {_f(b2['logloss'])} | {_f(b2['ne'], 3)} "
                 f"| {_f(b2['calibration'], 3)} | {marg} | {auc_ok} | {ne} | {_yn(c['calibration_ok'])} "

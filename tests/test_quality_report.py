@@ -37,3 +37,29 @@ def test_checks_tell_a_calibrated_learner_from_an_overconfident_one() -> None:
     assert world["learners"]["good"]["blocks2"]["examples"] == 15_000
     table = markdown({"w": world}, ["good", "ftrl", "high", "static"])
     assert table.count("\n") == 5 and "| w | high |" in table and "FAIL" in table
+
+
+def test_on_a_thin_world_ne_is_judged_against_the_running_base_rate() -> None:
+    """Where no block has 100 clicks, NE < 1 is out of reach even for the click rate known in
+    hindsight: there a learner must do at least as well as ``baserate`` (quality.add_base_rate)."""
+    from quality import add_base_rate
+
+    rng = np.random.default_rng(3)
+    rows = {}
+    for i in range(1, 6):
+        y = (rng.random(2_000) < 0.005).astype(np.float32)  # ~10 clicks a block, no signal
+        noisy = np.clip(0.005 * np.exp(rng.normal(0, 1.0, y.size)), 1e-4, 0.5)  # learned noise
+        rows[i] = {"index": i, "labels": y, "scores": {"ftrl": noisy, "noisy": noisy[::-1].copy()}}
+    add_base_rate(rows)
+    assert "baserate" not in rows[1]["scores"]
+    first_rate = float(rows[1]["labels"].sum()) / 2_000  # block 2 is scored with block 1's rate
+    assert (rows[2]["scores"]["baserate"] == first_rate).all() and rows[2]["scores"]["baserate"].size == 2_000
+    seen = np.concatenate([rows[i]["labels"] for i in (1, 2, 3, 4)])
+    assert rows[5]["scores"]["baserate"][0] == float(seen.sum()) / seen.size
+    learners = ["noisy", "ftrl", "baserate"]
+    world = score_world(list(rows.values()), learners, resamples=20, seed=1)
+    world["checks"] = {n: checks(world, n) for n in learners}
+    noisy, base = world["checks"]["noisy"], world["checks"]["baserate"]
+    assert noisy["ne_blocks_judged"] == [] and not noisy["ne_le_baserate"] and not noisy["ne_ok"]
+    assert base["ne_ok"] and not base["ne_blocks2_lt_1"]  # the base rate itself: NE just above 1
+    assert "(<= baserate)" in markdown({"w": world}, learners)

@@ -16,6 +16,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression
 from pipeline.core.types import Learner
+from trainers.calibration import fit_shift
 from trainers.encoding import MISSING, Encoder, stable_hash
 from trainers.gate import gate
 from trainers.incremental import BlockScores, IncrementalTrainer
@@ -270,6 +271,43 @@ def test_shift_on_holdout_moves_the_intercept_to_the_holdouts_click_rate():
     gap_plain = abs(plain.champion.predict(hold).mean() - y.mean())
     gap_shifted = abs(shifted.champion.predict(hold).mean() - y.mean())
     assert gap_shifted < gap_plain
+
+
+def test_intercept_gain_moves_the_intercept_by_the_running_mean_of_the_served_scores_miss(tmp_path):
+    """``trainer.intercept_gain``: a candidate's intercept moves by what the served (champion's)
+    scores missed the click rate by on the block's older part, never its holdout: half of it at the
+    first correction, a third at the second (the running mean), never less than the floor."""
+    data = stream(6_000)
+    block2 = sorted(data[2_000:4_000], key=lambda ex: ex.impression.ts)
+    older = block2[:1_600]  # the gate's holdout is the newest fifth
+    y = np.array([ex.label for ex in older], dtype=np.float64)
+    first = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0), None)
+    first.add(data[:2_000])
+    assert first.champion is not None
+    z = first.champion.predict_logits(older)  # what block 2's served scores were, as logits
+    # the first correction moves it half-way (the mean of the offset and a prior block at 0),
+    # unless the floor asks for more; off: nothing
+    for floor, share in ((0.0, 0.0), (0.1, 0.5), (0.8, 0.8)):
+        cfg = small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=floor)
+        trainer = IncrementalTrainer(cfg, None)
+        reports = trainer.add(data[:4_000])
+        assert all(r.decision.accepted for r in reports) and trainer.champion is not None
+        a, b = trainer.champion.calibration
+        assert a == 1.0 and b == pytest.approx(share * fit_shift(z, y), rel=1e-9, abs=1e-12)
+        assert trainer.champion.intercept_corrections == (1 if floor else 0)
+        assert TorchLearner.load(trainer.champion.save(tmp_path / str(floor))).calibration == (a, b)
+    assert abs(fit_shift(z, y)) > 0.01  # the stream gives it something to correct
+    # the second correction, with floor 0.1: a third of what block 3's served scores missed by
+    older3 = sorted(data[4_000:], key=lambda ex: ex.impression.ts)[:1_600]
+    y3 = np.array([ex.label for ex in older3], dtype=np.float64)
+    trainer = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=0.1), None)
+    trainer.add(data[:4_000])
+    assert trainer.champion is not None
+    _, b2 = trainer.champion.calibration
+    z3 = trainer.champion.predict_logits(older3) + b2  # served: calibrated, slope 1
+    trainer.add(data[4_000:])
+    assert trainer.champion.intercept_corrections == 2
+    assert trainer.champion.calibration[1] == pytest.approx(b2 + fit_shift(z3, y3) / 3, rel=1e-9)
 
 
 def test_trainer_is_deterministic_on_cpu():

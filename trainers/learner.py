@@ -236,6 +236,7 @@ class TorchLearner:
         )
         self.frozen = False
         self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
+        self.intercept_corrections = 0  # blocks whose offset moved calibration's b (intercept_gain)
         self._scorer: Scorer | None = None  # the traced forward of use_inference; None: eager
 
     @property
@@ -390,6 +391,7 @@ class TorchLearner:
             "config": dataclasses.asdict(self.cfg),
             "blocks_learned": self.blocks_learned,
             "calibration": list(self.calibration),
+            "intercept_corrections": self.intercept_corrections,
             "steps": self.steps,
             "torch": torch.__version__,
         }
@@ -458,6 +460,7 @@ class TorchLearner:
         learner.steps = int(spec.get("steps", 0))
         a, b = spec.get("calibration", IDENTITY)
         learner.calibration = (float(a), float(b))
+        learner.intercept_corrections = int(spec.get("intercept_corrections", 0))
         # Optimizer state saved before the wide table was split off does not fit: fresh moments.
         if "wide_opt" in state or "linear_opt" in state:
             pairs = [(learner._wide_opt, "wide_opt"), (learner._linear_opt, "linear_opt")]
