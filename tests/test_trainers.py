@@ -254,10 +254,9 @@ def test_blocks_publish_with_lineage_and_move_the_alias():
 def test_shift_on_holdout_moves_the_intercept_to_the_holdouts_click_rate():
     """``trainer.shift_on_holdout``: an accepted candidate carries the intercept that its holdout,
     scored before it learned it, asks for; the same blocks without it keep the identity."""
-    plain = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0, learn_holdout=False), None)
-    shifted = IncrementalTrainer(
-        small_cfg("deepfm", gate_tolerance=1.0, learn_holdout=False, shift_on_holdout=True), None
-    )
+    off = {"gate_tolerance": 1.0, "learn_holdout": False, "intercept_gain": 0.0}
+    plain = IncrementalTrainer(small_cfg("deepfm", **off), None)
+    shifted = IncrementalTrainer(small_cfg("deepfm", **off, shift_on_holdout=True), None)
     data = stream(4_000)
     plain.add(data)
     [_, report] = shifted.add(data)

@@ -137,8 +137,8 @@ class TrainerConfig(Section):
     shift_on_holdout: bool = False
     # each candidate's intercept moves by what the served scores missed the block's click rate by
     # (its older part), at gain 1/(k+1) for the k-th block, never below this: the running mean of
-    # the offsets (trainers.incremental); 0 = off
-    intercept_gain: Share = 0.0
+    # the offsets (trainers.incremental); 0 = off. Chosen on the quality suite (benchmarks/README.md)
+    intercept_gain: Share = 0.1
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
     # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
