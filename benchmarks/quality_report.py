@@ -80,7 +80,7 @@ def checks(world: Mapping[str, Any], learner: str) -> dict[str, Any]:
 
     On a world where no block has 100 clicks (the Open Bandit logs: ~10 per block) even the click
     rate known in hindsight only just reaches NE 1, so there, as the issue puts it, NE < 1 means
-    learning the base rate quickly: the pooled NE must be at most ``baserate``'s (``ne_vs_base``)."""
+    learning the base rate quickly: the pooled NE must be at most ``baserate``'s (``ne_le_baserate``)."""
     v = world["learners"][learner]
     b2 = v["blocks2"]
     margin = world["margins"].get(f"{learner}_vs_ftrl")
