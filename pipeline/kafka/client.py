@@ -25,6 +25,7 @@ from kafka.partitioner import DefaultPartitioner
 from pipeline.core.config import KafkaConfig
 from pipeline.core.events import DeadLetter
 from pipeline.core.partitioning import KeyHashes
+from pipeline.kafka.compat import patch_join_in_flight
 
 __all__ = [
     "FencedMemberError",
@@ -41,6 +42,7 @@ _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")  # the user/password mechanisms
 _C = TypeVar("_C")
 log = logging.getLogger(__name__)
+patch_join_in_flight()  # kafka-python 3.0.x loses a rejoin's assignment when a poll times out mid-join
 
 
 class KafkaUnavailableError(ConnectionError):

@@ -196,6 +196,38 @@ def test_two_members_split_the_partitions_and_read_everything_once(
     assert {e.partition for e in got[0]}.isdisjoint({e.partition for e in got[1]})  # co-partitioned
 
 
+def test_a_topic_created_after_subscribing_is_assigned_despite_short_polls(
+    kafka_bootstrap: str, kafka_topic: Callable[..., str], kafka_admin: KafkaAdminClient, kafka_group: str
+) -> None:
+    """kafka-python 3.0.x dropped the assignment of a metadata-triggered rejoin when a poll timed out
+    mid-join (pipeline.kafka.compat): the new topic's partitions were never assigned. 1 ms polls
+    make every rejoin outlive its poll, as a busy host does to a daemon's 200-1000 ms polls."""
+    first = kafka_topic(partitions=2)
+    late = f"{first}-late"  # created once the member holds the first topic's partitions
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_bootstrap,
+        group_id=kafka_group,
+        enable_auto_commit=False,
+        metadata_max_age_ms=300,
+    )
+
+    def polled_until(n: int, timeout_ms: int) -> bool:
+        deadline = time.monotonic() + 20
+        while len(consumer.assignment()) != n and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=timeout_ms)
+        return len(consumer.assignment()) == n
+
+    try:
+        consumer.subscribe([first, late])
+        assert polled_until(2, 50) and {tp.topic for tp in consumer.assignment()} == {first}
+        spec = {"num_partitions": 2, "replication_factor": 1}
+        kafka_admin.create_topics({late: spec}, wait_for_metadata=True)
+        assert polled_until(4, 1), f"assigned {sorted(consumer.assignment())} after 20 s of 1 ms polls"
+    finally:
+        consumer.close()
+        kafka_admin.delete_topics([late])
+
+
 def test_rebalance_over_uncommitted_records_rewinds_and_tells_the_daemon(
     kafka_cfg: KafkaConfig, kafka_group: str
 ) -> None:
