@@ -2,9 +2,11 @@
 
 Besides the phases below: the **floor** (one request's work in this process, one thread: JSON in,
 the direct Redis read, the forward, JSON out; ``floor_ms`` is its p50) and a **grid** of offered
-loads (``--grid-rates``, 100/300/1000/1500/2000 req/s: above what 2 cores serve, so that ``max_qps`` is the replica's and not the offered load's) x client connections (``--grid-connections``, 1/8/32),
-steady and while the alias flips, ``--grid-seconds`` each: ``max_qps`` (the most achieved with no
-error), ``p99_ms_by_connections`` (connections -> offered load -> p99, steady), against the target
+loads (``--grid-rates``, 100/300/1000/1500/2000 req/s: beyond what 2 cores serve, so that
+``max_qps`` is the replica's and not the offered load's) x client connections
+(``--grid-connections``, 1/8/32), steady and while the alias flips, ``--grid-seconds`` each:
+``max_qps`` (the most achieved with no error), ``p99_ms_by_connections`` (connections -> offered
+load -> p99, steady), against the target
 ``max_qps_target`` = 0.6 x cores / floor.
 
 One run measures, against the real services (Redis, the MLflow server):
