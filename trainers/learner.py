@@ -222,6 +222,7 @@ class TorchLearner:
                 embedding_dim=cfg.embedding_dim,
                 hidden=cfg.hidden,
                 min_count=cfg.min_count,
+                new_values=cfg.new_values,
             )
             # Seeded init without disturbing the caller's global RNG stream.
             with torch.random.fork_rng(devices=[]):
@@ -258,9 +259,9 @@ class TorchLearner:
         if self.blocks_learned == 0 and self.steps == 0:
             self._start_at_base_rate(batch.labels)
         ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(batch.labels)
-        for m in self.model.modules():
-            if isinstance(m, HashedEmbedding):
-                m.count(ids)  # frequency admission: this block's values count from now on
+        tables = [m for m in self.model.modules() if isinstance(m, HashedEmbedding)]
+        for table in tables:
+            table.admit(ids)  # this block's values count from now on; new ones start warm
         rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
         bs = step_batch_size(self.cfg, self.device)
         total = torch.zeros((), device=self.device)
@@ -285,6 +286,8 @@ class TorchLearner:
                 # Accumulate on the device: a .item() per step would sync the GPU every batch.
                 total += loss.detach() * idx.numel()
                 self.steps += 1
+        for table in tables:
+            table.refresh(ids)  # what a value the model has not learned reads (warm start)
         self.blocks_learned += 1
         return float(total) / (n * self.cfg.epochs_per_block)
 

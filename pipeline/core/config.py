@@ -35,6 +35,7 @@ from pipeline.core.config_types import (
     LogFormat,
     ModelName,
     Natural,
+    NewValues,
     NonNegative,
     OpenShare,
     Port,
@@ -116,6 +117,10 @@ class TrainerConfig(Section):
     hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
     embedding_dim: Count = 16
     min_count: Natural = 0  # a hashed value gets its own embedding vector once seen this often; 0 = always
+    # a value training never saw: "field_mean" scores as its field's mean row (first-order weight and
+    # vector) over the last block's traffic, and starts learning from it; "fresh": a new row (weight
+    # 0, a small random vector). Unused with min_count > 0. Chosen on the quality suite (README)
+    new_values: NewValues = "field_mean"
     hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2
     lr_dense: Positive = 1e-3  # Adam on the dense parameters
     # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam

@@ -24,6 +24,7 @@ __all__ = [
     "LogFormat",
     "ModelName",
     "Natural",
+    "NewValues",
     "NonNegative",
     "OpenShare",
     "Port",
@@ -46,6 +47,7 @@ class ConfigError(ValueError):
 ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
 RowOptimizer = Literal["adagrad", "adam", "ftrl"]  # trainers.rowwise
+NewValues = Literal["field_mean", "fresh"]  # trainers.models.HashedEmbedding
 FeaturePath = Literal["redis", "feast"]  # serving_bridge.process.FEATURE_PATHS
 InferencePath = Literal["eager", "torchscript"]  # trainers.inference.INFERENCE_PATHS
 LogFormat = Literal["text", "json"]  # pipeline.core.logs
