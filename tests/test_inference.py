@@ -58,6 +58,7 @@ def test_the_bf16_trace_cuda_runs_matches_eager_bf16_on_the_cpu(model: str) -> N
     scorer = frozen_scorer(learner.model, **dims, device=cpu, amp_dtype=torch.bfloat16)
     assert scorer is not None
     ids, dense = probe_inputs(100, dims["n_fields"], dims["n_dense"], 1 << 12, cpu)
+    learner.model.eval()  # as predict runs it (in training mode every id read was admitted first)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         want, got = learner.model(ids, dense).float(), scorer(ids, dense).float()
     assert float((torch.sigmoid(got) - torch.sigmoid(want)).abs().max()) < 1e-2

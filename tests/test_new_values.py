@@ -28,7 +28,7 @@ def with_feature(examples: list[LabelledExample], name: str, value: str) -> list
 
 
 def test_a_value_never_learned_reads_its_fields_mean_and_starts_from_it() -> None:
-    table = HashedEmbedding(16, 2, n_fields=2, warm_start=True)
+    table = HashedEmbedding(16, 2, n_fields=2, warm_start=True).eval()  # scoring, as predict runs it
     ids = torch.tensor([[1, 5], [1, 6], [2, 6]])
     table.admit(ids)
     table.refresh(ids)

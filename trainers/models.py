@@ -26,6 +26,7 @@ from torch import nn
 __all__ = ["MODELS", "DCNv2", "DeepFM", "HashedEmbedding", "LogisticRegression", "build_model", "model_spec"]
 
 _INIT_STD = 0.01  # small embeddings: the FM term starts near zero instead of dominating the logit
+_MEAN_ROWS = 16_384  # rows a field's mean is taken over: the newest traffic, a few ms per block
 
 
 def _zero_linear(width: int, out: int) -> nn.Linear:
@@ -96,22 +97,20 @@ class HashedEmbedding(nn.Module):
             flat = ids.reshape(-1)
             self.counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         if self.warm_start:
-            # Every id of the block is written (a learned one plus 0): masking the new ones out
-            # would read the device (a sync per block on a GPU). A value repeated in the block is
-            # written the same row each time (all reads come before the writes).
-            flat = ids.reshape(-1)
-            new = (~self.seen.index_select(0, flat)).unsqueeze(1).to(self.field_mean.dtype)
-            fields = torch.arange(ids.shape[1], device=ids.device).repeat(ids.shape[0])
             weight = self.table.weight
-            start = self.field_mean.index_select(0, fields).to(weight.dtype) * new.to(weight.dtype)
-            weight.index_put_((flat,), weight.index_select(0, flat) + start)
-            self.seen.index_fill_(0, flat, True)
+            for j in range(ids.shape[1]):  # field by field: a row two fields share (a hash
+                col = ids[:, j]  # collision) starts from the first one's mean, deterministically
+                rows = col[~self.seen.index_select(0, col)]
+                # a value repeated in the block is written the same row each time
+                weight.index_put_((rows,), weight.index_select(0, rows) + self.field_mean[j].to(weight.dtype))
+                self.seen.index_fill_(0, rows, True)
 
     @torch.no_grad()
     def refresh(self, ids: torch.Tensor) -> None:
-        """After learning a block: each field's mean row over its ``(n, fields)`` ids (traffic-weighted)."""
+        """After learning a block: each field's mean row over the newest :data:`_MEAN_ROWS` of its
+        ``(n, fields)`` ids (traffic-weighted; the learner passes a block in event-time order)."""
         if self.warm_start and ids.numel():
-            self.field_mean.copy_(self.table(ids).float().mean(0))
+            self.field_mean.copy_(self.table(ids[-_MEAN_ROWS:]).float().mean(0))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``(n, fields)`` ids -> ``(n, fields, dim)`` vectors."""
@@ -119,7 +118,7 @@ class HashedEmbedding(nn.Module):
             seen = self.counts.index_select(0, ids.reshape(-1)).reshape(ids.shape)
             ids = torch.where(seen >= self.min_count, ids, self.rare.expand_as(ids))
         out: torch.Tensor = self.table(ids)
-        if self.warm_start:
+        if self.warm_start and not self.training:  # learning admits every id it reads first
             unseen = ~self.seen.index_select(0, ids.reshape(-1)).reshape(ids.shape)
             out = out + unseen.unsqueeze(-1).to(out.dtype) * self.field_mean.to(out.dtype)
         return out
