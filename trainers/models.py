@@ -39,7 +39,8 @@ def _zero_linear(width: int, out: int) -> nn.Linear:
 
 
 def _zero_table(hash_buckets: int, n_fields: int = 0, *, warm_start: bool = False) -> HashedEmbedding:
-    """A one-column table of first-order weights, all 0 (an unseen value is neutral)."""
+    """A one-column table of first-order weights, all 0 (an unseen value reads 0, or its field's mean
+    with ``warm_start``)."""
     table = HashedEmbedding(hash_buckets, 1, n_fields=n_fields, warm_start=warm_start)
     with torch.no_grad():
         table.table.weight.zero_()
@@ -98,8 +99,10 @@ class HashedEmbedding(nn.Module):
             self.counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         if self.warm_start:
             weight = self.table.weight
-            for j in range(ids.shape[1]):  # field by field: a row two fields share (a hash
-                col = ids[:, j]  # collision) starts from the first one's mean, deterministically
+            # Field by field: a row two fields share (a hash collision) starts from the first one's
+            # mean, deterministically. On a GPU each field's selection reads the device once a block.
+            for j in range(ids.shape[1]):
+                col = ids[:, j]
                 rows = col[~self.seen.index_select(0, col)]
                 # a value repeated in the block is written the same row each time
                 weight.index_put_((rows,), weight.index_select(0, rows) + self.field_mean[j].to(weight.dtype))
