@@ -46,6 +46,13 @@ from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer, load_scorer, save_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
+from trainers.sharding import (
+    RowSharding,
+    full_state_dict,
+    map_optimizer_state,
+    shard_tables,
+    sum_replicated_grads,
+)
 
 __all__ = [
     "FORMAT",
@@ -228,7 +235,12 @@ class TorchLearner:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed)
                 model = build_model(spec)
+        # Under torchrun (a default process group of 2+ ranks), this rank holds its share of every
+        # hashed table's rows and learns its part of each step's batch (trainers.sharding).
+        self.sharding = RowSharding.of_default_group()
         self.model = model.to(self.device)
+        if self.sharding is not None:
+            shard_tables(self.model, self.sharding)
         self.blocks_learned = 0  # learn() calls so far; seeds each block's shuffle
         self.steps = 0  # optimizer steps so far
         self.version: str | None = None  # the registry version these weights are, if any
@@ -272,22 +284,32 @@ class TorchLearner:
             perm = self._put(rng.permutation(n) if self.cfg.shuffle else np.arange(n))
             for start in range(0, n, bs):
                 idx = perm[start : start + bs]
+                if self.sharding is not None:  # this rank's part of the step's batch
+                    idx = self.sharding.part(idx)
                 # index_select, not ids[idx]: advanced indexing was ~3x slower on CPU (profile).
                 with self._autocast():
                     logits = self.model(ids.index_select(0, idx), dense.index_select(0, idx))
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.index_select(0, idx))
+                y = labels.index_select(0, idx)
                 for opt in self._optimizers():
                     opt.zero_grad(set_to_none=True)
                 # Per-example gradient sums, as FTRL uses: wide_beta is then in the units of one
                 # example's gradient (Adam is invariant to the scale).
-                (loss * idx.numel()).backward()
+                if self.sharding is None:
+                    loss = F.binary_cross_entropy_with_logits(logits.float(), y) * idx.numel()
+                    loss.backward()
+                else:  # a rank's part may be empty: a sum, and the ranks' sums add up
+                    loss = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="sum")
+                    loss.backward()
+                    sum_replicated_grads(self.model, self.sharding)
                 for opt in self._optimizers():
                     opt.step()
                 # Accumulate on the device: a .item() per step would sync the GPU every batch.
-                total += loss.detach() * idx.numel()
+                total += loss.detach()
                 self.steps += 1
         for table in tables:
             table.refresh(ids)  # what a value the model has not learned reads (warm start)
+        if self.sharding is not None:
+            self.sharding.all_reduce_(total)
         self.blocks_learned += 1
         return float(total) / (n * self.cfg.epochs_per_block)
 
@@ -319,7 +341,7 @@ class TorchLearner:
         if path not in INFERENCE_PATHS:
             raise ValueError(f"TorchLearner.use_inference: {path!r} is not one of {INFERENCE_PATHS}")
         self._scorer = None
-        if path == "torchscript":
+        if path == "torchscript" and self.sharding is None:  # a sharded lookup is a collective
             self._scorer = frozen_scorer(
                 self.model,
                 n_fields=len(self.encoder.fields),
@@ -400,19 +422,20 @@ class TorchLearner:
         }
 
     def save(self, path: str | Path, *, optimizer: bool = True) -> Path:
-        """Write ``weights.pt`` + ``spec.json`` into folder ``path`` (created); returns it."""
+        """Write ``weights.pt`` + ``spec.json`` into folder ``path`` (created); returns it.
+
+        Sharded (:mod:`trainers.sharding`): every rank must call it; the tables and their optimizer
+        state are gathered whole, and rank 0 writes: an unsharded learner, which loads anywhere."""
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        state: dict[str, Any] = {"model": self.model.state_dict()}
+        sharded = self.sharding is not None
+        state: dict[str, Any] = {"model": full_state_dict(self.model) if sharded else self.model.state_dict()}
         if optimizer and not self.frozen:
-            if self._sparse_opt is not None:
-                state["sparse_opt"] = self._sparse_opt.state_dict()
-            if self._wide_opt is not None:
-                state["wide_opt"] = self._wide_opt.state_dict()
-            if self._linear_opt is not None:
-                state["linear_opt"] = self._linear_opt.state_dict()
-            if self._dense_opt is not None:
-                state["dense_opt"] = self._dense_opt.state_dict()
+            for key, opt in self._named_optimizers():
+                saved = opt.state_dict()
+                state[key] = map_optimizer_state(opt, saved, self.model, gather=True) if sharded else saved
+        if self.sharding is not None and self.sharding.rank != 0:
+            return out
+        out.mkdir(parents=True, exist_ok=True)
         torch.save(state, out / "weights.pt")
         (out / "spec.json").write_text(json.dumps(self.spec(), indent=1, sort_keys=True))
         return out
@@ -465,14 +488,14 @@ class TorchLearner:
         learner.calibration = (float(a), float(b))
         learner.intercept_corrections = int(spec.get("intercept_corrections", 0))
         # Optimizer state saved before the wide table was split off does not fit: fresh moments.
-        if "wide_opt" in state or "linear_opt" in state:
-            pairs = [(learner._wide_opt, "wide_opt"), (learner._linear_opt, "linear_opt")]
-            pairs += [(learner._sparse_opt, "sparse_opt")]
-            for opt, key in pairs:
-                if opt is not None and key in state:
-                    opt.load_state_dict(state[key])
-        if learner._dense_opt is not None and "dense_opt" in state and "linear_opt" in state:
-            learner._dense_opt.load_state_dict(state["dense_opt"])
+        old = "wide_opt" not in state and "linear_opt" not in state
+        for key, opt in learner._named_optimizers():
+            if key not in state or old or (key == "dense_opt" and "linear_opt" not in state):
+                continue
+            saved = state[key]
+            if learner.sharding is not None:  # this rank's rows of the saved whole state
+                saved = map_optimizer_state(opt, saved, learner.model, gather=False)
+            opt.load_state_dict(saved)
         return learner
 
     # -- internals -------------------------------------------------------------------------------
@@ -491,8 +514,17 @@ class TorchLearner:
             bias.fill_(float(np.log(rate / (1.0 - rate))))
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
-        opts = (self._wide_opt, self._linear_opt, self._sparse_opt, self._dense_opt)
-        return [o for o in opts if o is not None]
+        return [o for _, o in self._named_optimizers()]
+
+    def _named_optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        """``(key in weights.pt, optimizer)`` for each optimizer the model has."""
+        opts = [
+            ("sparse_opt", self._sparse_opt),
+            ("wide_opt", self._wide_opt),
+            ("linear_opt", self._linear_opt),
+            ("dense_opt", self._dense_opt),
+        ]
+        return [(k, o) for k, o in opts if o is not None]
 
     def _put(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)

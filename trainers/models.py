@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainers.sharding import ShardedRows
+
 __all__ = ["MODELS", "DCNv2", "DeepFM", "HashedEmbedding", "LogisticRegression", "build_model", "model_spec"]
 
 _INIT_STD = 0.01  # small embeddings: the FM term starts near zero instead of dominating the logit
@@ -104,9 +106,12 @@ class HashedEmbedding(nn.Module):
             for j in range(ids.shape[1]):
                 col = ids[:, j]
                 rows = col[~self.seen.index_select(0, col)]
+                self.seen.index_fill_(0, rows, True)
+                # sharded (trainers.sharding): this rank writes the rows it holds, by their local index
+                if isinstance(self.table, ShardedRows):
+                    rows = self.table.owned(rows)
                 # a value repeated in the block is written the same row each time
                 weight.index_put_((rows,), weight.index_select(0, rows) + self.field_mean[j].to(weight.dtype))
-                self.seen.index_fill_(0, rows, True)
 
     @torch.no_grad()
     def refresh(self, ids: torch.Tensor) -> None:

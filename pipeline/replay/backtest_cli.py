@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
 def backtest(cfg: Config, args: argparse.Namespace) -> int:
     from pipeline.replay.backtest import run_backtest
     from pipeline.sources.open import open_source
+    from trainers.sharding import join_launched_group
 
     cfg.trainer.model = args.model or cfg.trainer.model
     cfg.trainer.seed = args.seed
@@ -66,9 +68,23 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
         extra |= {"impressions": args.impressions, "world": args.world}
     if args.clicks is not None:
         extra["clicks"] = str(args.clicks)
-    result = run_backtest(
-        cfg, source, args.out, title=title, seed=args.seed, extra=extra, examples_out=args.examples_out
-    )
+    # Under torchrun every rank replays the same stream in step, each holding its share of the
+    # tables' rows (trainers/sharding.py); rank 0 writes the report.
+    sharding = join_launched_group(cfg.trainer.device)
+    if sharding is not None and cfg.backtest.register:
+        print("ctr: backtest.register publishes from one process; run it without torchrun", file=sys.stderr)
+        return 2
+    if sharding is None or sharding.rank == 0:
+        if sharding is not None:
+            extra["ranks"] = sharding.world
+        result = run_backtest(
+            cfg, source, args.out, title=title, seed=args.seed, extra=extra, examples_out=args.examples_out
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix=f"ctr-backtest-rank{sharding.rank}-") as scratch:
+            result = run_backtest(
+                cfg, source, Path(scratch), title=title, seed=args.seed, quiet=True, mlflow_run=False
+            )
     assert result.dead_letters is not None
     return dead_letter_status("backtest", result.dead_letters, args.out / "dead_letters.jsonl")
 

@@ -1,0 +1,113 @@
+"""Data-parallel training with row-sharded tables (trainers/sharding.py), two ranks on gloo.
+
+The ranks are real processes started by torchrun, as a user would run them; the reference is
+the same program in one process. Two ranks hold half of each table's rows each and must learn
+what one process learns: the same scores and losses up to the summation order of the replicated
+weights' gradients (float rounding, far below any metric's resolution).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainers.learner import TorchLearner
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("sharded_worker.py")
+TOL = 1e-6
+# An AUC moves by 1 / (positives x negatives), ~2e-6 here, when a pair of scores 1e-8 apart swaps:
+# 1e-4 is some fifty swaps, where rounding makes a fraction of one.
+AUC_TOL = 1e-4
+
+
+def _torchrun(*args: str | Path, ranks: int = 2) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    done = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _alone(*args: str | Path) -> None:
+    done = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _result(out: Path) -> dict[str, list[object]]:
+    return json.loads((out / "result.json").read_text())
+
+
+def _close(a: dict[str, list[object]], b: dict[str, list[object]]) -> None:
+    np.testing.assert_allclose(np.array(a["loss"], float), np.array(b["loss"], float), rtol=0, atol=TOL)
+    for pa, pb in zip(a["predictions"], b["predictions"], strict=True):
+        np.testing.assert_allclose(np.array(pa, float), np.array(pb, float), rtol=0, atol=TOL)
+
+
+def test_two_ranks_hold_half_the_rows_each_and_learn_what_one_process_learns(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    _alone(WORKER, one)
+    _torchrun(WORKER, two)
+    _close(_result(one), _result(two))
+    rows = [json.loads((two / f"rows-{r}.json").read_text()) for r in (0, 1)]
+    assert rows[0] == rows[1] == {"wide.table": 2048, "embedding.table": 2048}  # of 4,096 each
+    assert json.loads((one / "rows-0.json").read_text()) == {}  # one process: nothing sharded
+
+    # What the ranks saved is an ordinary whole learner, optimizer state included.
+    a = torch.load(one / "model" / "weights.pt", weights_only=True)
+    b = torch.load(two / "model" / "weights.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=TOL)
+    for key in ("sparse_opt", "wide_opt", "linear_opt", "dense_opt"):
+        for i, state in a[key]["state"].items():
+            for name, value in state.items():
+                assert b[key]["state"][i][name].shape == value.shape, (key, name)
+                torch.testing.assert_close(b[key]["state"][i][name], value, rtol=1e-5, atol=TOL)
+    # One process loads it and scores as the ranks would have.
+    learner = TorchLearner.load(two / "model")
+    again = TorchLearner.load(one / "model")
+    from trainers.testing import synthetic_examples
+
+    block = synthetic_examples(5000, seed=5)[3000:4000]
+    np.testing.assert_allclose(learner.predict(block), again.predict(block), rtol=0, atol=TOL)
+
+
+def test_two_ranks_resume_a_saved_learner_as_one_process_does(tmp_path: Path) -> None:
+    start, one, two = tmp_path / "start", tmp_path / "one", tmp_path / "two"
+    for d in (start, one, two):
+        d.mkdir()
+    _alone(WORKER, start)  # three blocks learned in one process, saved with optimizer state
+    _alone(WORKER, one, start / "model")
+    _torchrun(WORKER, two, start / "model")  # each rank takes its rows of the saved state
+    _close(_result(one), _result(two))
+
+
+def _metrics(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_ctr_backtest_under_torchrun_reports_what_one_process_reports(tmp_path: Path) -> None:
+    args = ["backtest", "--format", "simulator", "--impressions", "12000", "--train-every", "3000"]
+    _alone("-m", "pipeline.ops.cli", *args, "--out", tmp_path / "one")
+    _torchrun("-m", "pipeline.ops.cli", *args, "--out", tmp_path / "two")
+    one, two = _metrics(tmp_path / "one" / "metrics.csv"), _metrics(tmp_path / "two" / "metrics.csv")
+    assert len(one) == len(two) == 4
+    for a, b in zip(one, two, strict=True):
+        assert a["version"] == b["version"] and a["gate_accepted"] == b["gate_accepted"]
+        for col in ("online_auc", "online_logloss", "online_calibration", "static_auc", "static_logloss"):
+            tol = AUC_TOL if col.endswith("auc") else TOL
+            if a[col] != "nan":
+                assert abs(float(a[col]) - float(b[col])) <= tol, (a["block"], col, a[col], b[col])
+        assert a["ftrl_auc"] == b["ftrl_auc"]  # FTRL is not sharded: every rank computes it whole
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["ranks"] == 2
+    assert not list(tmp_path.glob("two/rank*"))  # the other rank wrote nowhere in the report's folder
