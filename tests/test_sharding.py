@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,10 @@ def _torchrun(*args: str | Path, ranks: int = 2) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def _alone(*args: str | Path) -> None:
-    done = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
+def _alone(*args: str | Path, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -95,10 +98,18 @@ def _metrics(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_ctr_backtest_under_torchrun_reports_what_one_process_reports(tmp_path: Path) -> None:
+def test_ctr_backtest_on_two_ranks_reports_what_one_process_reports(tmp_path: Path) -> None:
     args = ["backtest", "--format", "simulator", "--impressions", "12000", "--train-every", "3000"]
     _alone("-m", "pipeline.ops.cli", *args, "--out", tmp_path / "one")
-    _torchrun("-m", "pipeline.ops.cli", *args, "--out", tmp_path / "two")
+    # trainer.ranks = 2: the command starts itself again under torchrun, two ranks
+    _alone(
+        "-m",
+        "pipeline.ops.cli",
+        *args,
+        "--out",
+        tmp_path / "two",
+        env={**os.environ, "CTR_TRAINER_RANKS": "2"},
+    )
     one, two = _metrics(tmp_path / "one" / "metrics.csv"), _metrics(tmp_path / "two" / "metrics.csv")
     assert len(one) == len(two) == 4
     for a, b in zip(one, two, strict=True):

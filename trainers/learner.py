@@ -48,6 +48,7 @@ from trainers.models import HashedEmbedding, build_model, model_spec
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 from trainers.sharding import (
     RowSharding,
+    building,
     full_state_dict,
     map_optimizer_state,
     shard_tables,
@@ -212,11 +213,16 @@ class TorchLearner:
         model: nn.Module | None = None,
         *,
         device: str | None = None,
+        shard: bool = True,
     ) -> None:
+        """``shard=False``: hold the whole tables even under torchrun (a copy to publish)."""
         if not encoder.fitted:
             raise ValueError("TorchLearner: the encoder is not fitted; fit it on the first block")
         self.cfg = cfg
         self.encoder = encoder
+        # Under torchrun (a default process group of 2+ ranks), this rank holds its share of every
+        # hashed table's rows and learns its part of each step's batch (trainers.sharding).
+        self.sharding = RowSharding.of_default_group() if shard else None
         self.device = resolve_device(device or cfg.device)
         self._pin = pins_host_memory(self.device)
         self._amp_dtype = autocast_dtype(self.device)
@@ -231,13 +237,11 @@ class TorchLearner:
                 min_count=cfg.min_count,
                 new_values=cfg.new_values,
             )
-            # Seeded init without disturbing the caller's global RNG stream.
-            with torch.random.fork_rng(devices=[]):
+            # Seeded init without disturbing the caller's global RNG stream; sharded, each rank
+            # draws the whole model's numbers and keeps its rows of the tables.
+            with torch.random.fork_rng(devices=[]), building(self.sharding):
                 torch.manual_seed(cfg.seed)
                 model = build_model(spec)
-        # Under torchrun (a default process group of 2+ ranks), this rank holds its share of every
-        # hashed table's rows and learns its part of each step's batch (trainers.sharding).
-        self.sharding = RowSharding.of_default_group()
         self.model = model.to(self.device)
         if self.sharding is not None:
             shard_tables(self.model, self.sharding)
@@ -465,9 +469,23 @@ class TorchLearner:
             )
         return learner
 
+    def unsharded(self, scratch: str | Path) -> TorchLearner | None:
+        """Sharded: the whole learner (weights, optimizer state, counters) on rank 0, None on the
+        others; every rank must call it (through :meth:`save` into ``scratch``, a folder of rank
+        0's). Unsharded: itself."""
+        if self.sharding is None:
+            return self
+        self.save(scratch)
+        if self.sharding.rank != 0:
+            return None
+        whole = TorchLearner.load(scratch, device=str(self.device), shard=False)
+        whole.version = self.version
+        return whole
+
     @classmethod
-    def load(cls, path: str | Path, *, device: str | None = None) -> TorchLearner:
-        """Rebuild a learner saved by :meth:`save` (``weights_only=True``: no code is unpickled)."""
+    def load(cls, path: str | Path, *, device: str | None = None, shard: bool = True) -> TorchLearner:
+        """Rebuild a learner saved by :meth:`save` (``weights_only=True``: no code is unpickled);
+        under torchrun it takes this rank's rows of the tables unless ``shard=False``."""
         src = Path(path)
         spec = json.loads((src / "spec.json").read_text())
         if spec.get("format") != FORMAT:
@@ -481,7 +499,7 @@ class TorchLearner:
         with torch.device("meta"):
             model = build_model(spec["model"])
         model.load_state_dict(state["model"], assign=True)
-        learner = cls(cfg, Encoder.from_spec(spec["encoder"]), model, device=str(dev))
+        learner = cls(cfg, Encoder.from_spec(spec["encoder"]), model, device=str(dev), shard=shard)
         learner.blocks_learned = int(spec.get("blocks_learned", 0))
         learner.steps = int(spec.get("steps", 0))
         a, b = spec.get("calibration", IDENTITY)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainers.sharding import ShardedRows
+from trainers.sharding import ShardedRows, built_for
 
 __all__ = ["MODELS", "DCNv2", "DeepFM", "HashedEmbedding", "LogisticRegression", "build_model", "model_spec"]
 
@@ -83,8 +83,12 @@ class HashedEmbedding(nn.Module):
         self.min_count = int(min_count)
         self.warm_start = bool(warm_start) and self.min_count == 0 and n_fields > 0
         extra = n_fields if self.min_count > 0 else 0
-        self.table = nn.Embedding(hash_buckets + extra, dim, sparse=True)
-        nn.init.normal_(self.table.weight, std=_INIT_STD)
+        sharding = built_for()  # under torchrun: only this rank's rows, drawn as the whole table is
+        if sharding is not None:
+            self.table = ShardedRows.initialised(hash_buckets + extra, dim, _INIT_STD, sharding)
+        else:
+            self.table = nn.Embedding(hash_buckets + extra, dim, sparse=True)
+            nn.init.normal_(self.table.weight, std=_INIT_STD)
         if self.min_count > 0:
             self.register_buffer("counts", torch.zeros(hash_buckets, dtype=torch.int32))
             self.register_buffer("rare", hash_buckets + torch.arange(n_fields, dtype=torch.long))

@@ -279,22 +279,24 @@ class MlflowModelStore(ModelRegistry):
         requests to the MLflow server per load, and every serving worker loads every version.
         """
         with tempfile.TemporaryDirectory(prefix="ctr-load-") as tmp:
-            # Resolve the storage URI with our client: a "models:/name/version" URI is resolved by
-            # MLflow with the process-global registry URI, whatever registry_uri= says.
-            uri = self.client.get_model_version_download_uri(self.name, str(version)).rstrip("/")
-            mlmodel = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{uri}/MLmodel", dst_path=tmp, tracking_uri=self.tracking_uri
-            )
-            conf = Model.load(mlmodel).flavors["python_function"]
-            rel = conf["artifacts"]["learner"]["path"]
-            local = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{uri}/{rel}",
-                dst_path=str(Path(tmp) / "learner"),
-                tracking_uri=self.tracking_uri,
-            )
-            learner = TorchLearner.load(Path(local), device=device)
+            learner = TorchLearner.load(self.download(version, Path(tmp)), device=device)
         learner.version = str(version)
         return learner
+
+    def download(self, version: str, dst: Path) -> Path:
+        """``version``'s learner folder (what :meth:`TorchLearner.load` reads), under ``dst``."""
+        # Resolve the storage URI with our client: a "models:/name/version" URI is resolved by
+        # MLflow with the process-global registry URI, whatever registry_uri= says.
+        uri = self.client.get_model_version_download_uri(self.name, str(version)).rstrip("/")
+        mlmodel = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{uri}/MLmodel", dst_path=str(dst), tracking_uri=self.tracking_uri
+        )
+        conf = Model.load(mlmodel).flavors["python_function"]
+        rel = conf["artifacts"]["learner"]["path"]
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{uri}/{rel}", dst_path=str(dst / "learner"), tracking_uri=self.tracking_uri
+        )
+        return Path(local)
 
     # -- inspection ------------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -150,6 +150,10 @@ class TrainerConfig(Section):
     # labels): drift lowers AUC toward 0.5, it does not invert it. 0 turns the check off.
     min_champion_auc: Share = 0.45
     device: Device = "auto"  # auto | cpu | cuda
+    # processes that train together on this host (data parallel, trainers/sharding.py): each holds
+    # 1/ranks of every hashed table's rows and learns its part of each step; `ctr trainer` and
+    # `ctr backtest` start them under torchrun (one GPU each on CUDA). 1 = one process
+    ranks: Count = 1
     seed: int = 7
     # torch CPU threads; 0 = auto: half the cores (at least 1). The trainer shares its host with the
     # consumer thread and, on small machines, the other daemons: torch's default (one per core)

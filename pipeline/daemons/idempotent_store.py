@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from mlflow.exceptions import MlflowException
@@ -105,3 +106,6 @@ class IdempotentStore:
 
     def load(self, version: str) -> Any:
         return self._retrying("model download", lambda: self.inner.load(version))
+
+    def download(self, version: str, dst: Path) -> Path:
+        return self._retrying("model download", lambda: self.inner.download(version, dst))

@@ -38,8 +38,9 @@ from pipeline.core.config import Config
 from pipeline.core.events import LabelledExample
 from pipeline.core.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.daemons.trainer_metrics import collect, record_block
 from pipeline.daemons.trainer_metrics import declare as declare_metrics
-from pipeline.daemons.trainer_metrics import record_block
+from pipeline.daemons.trainer_ranks import Leader
 from pipeline.join.example_merge import ExampleMerge
 from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaExampleSource
@@ -57,7 +58,8 @@ log = logging.getLogger(__name__)
 
 
 class TrainerDaemon:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, *, ranked: bool = False) -> None:
+        """``ranked``: rank 0 of several (torchrun): the others follow it (trainer_ranks.py)."""
         if not cfg.registry.tracking_uri:
             raise ValueError(
                 "ctr trainer needs an MLflow server: set CTR_REGISTRY_TRACKING_URI "
@@ -71,13 +73,15 @@ class TrainerDaemon:
         ensure_topics(k, [k.dead_letter_topic], 1)
         self.dir = Path(cfg.daemon.state_dir).expanduser() / "trainer"
         self.store = IdempotentStore(MlflowModelStore(cfg.registry, cfg.registry.tracking_uri), self)
+        self.leader = Leader(self.dir / ".ranks") if ranked else None
         meta = read_json(self.dir / "meta.json") or {}
         champion = None
         if meta.get("champion_version") is not None or meta.get("pending"):
             champion = TorchLearner.load(self.dir / "learner")
             champion.version = meta.get("champion_version")
+        store = self.store if self.leader is None else self.leader.store(self.store)
         self.trainer = IncrementalTrainer(
-            cfg.trainer, self.store, alias=cfg.registry.champion_alias, champion=champion, resume=False
+            cfg.trainer, store, alias=cfg.registry.champion_alias, champion=champion, resume=False
         )
         self.trainer.blocks = meta.get("blocks", 0)
         self.pos: dict[str, int] = meta.get("offsets", {})
@@ -100,6 +104,8 @@ class TrainerDaemon:
         self.dead_reasons: Counter[str] = Counter()
         if meta.get("pending"):
             self._finish_pending(meta["pending"])
+        if self.leader is not None:
+            self.leader.start(self.dir / "learner" if champion is not None else None, self.trainer)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _meta(self, **extra: Any) -> dict[str, Any]:
@@ -133,7 +139,9 @@ class TrainerDaemon:
     def _finish_pending(self, pending: dict[str, Any]) -> None:
         champion = self.trainer.champion
         assert champion is not None
-        version = self.store.register(champion, pending["lineage"], pending["metrics"])
+        # ranked: the checkpoint is the whole model, registered as it is
+        whole = champion if self.leader is None else TorchLearner.load(self.dir / "learner", shard=False)
+        version = self.store.register(whole, pending["lineage"], pending["metrics"])
         parent = pending["lineage"].get("parent_version")
         parent = None if parent in (None, "none") else str(parent)
         # gated against its parent: a rollback since then keeps the alias (the next block adopts it)
@@ -193,10 +201,10 @@ class TrainerDaemon:
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here
                         position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
-                        for report in self.trainer.add(fresh, position=position):
+                        for report in self._add(fresh, position):
                             self._block_done(report)
                         block_from, fresh = dict(self.pos), []
-                self.trainer.add(fresh)  # fewer than a block: buffered (and encoded) now
+                self._add(fresh)  # fewer than a block: buffered (and encoded) now
                 if batch.dead:
                     self.dead.flush()
                 idle = max_idle_s is not None and now - last_input >= max_idle_s and not self.merge.buffered
@@ -205,7 +213,14 @@ class TrainerDaemon:
         finally:
             self.source.close()
             self.dead.close()
+            if self.leader is not None:
+                self.leader.stop()
         return self.counters
+
+    def _add(self, examples: list[LabelledExample], position: Any = None) -> list[Any]:
+        if self.leader is not None and (examples or position is not None):
+            self.leader.add(examples, position)  # the other ranks learn the same, in step
+        return self.trainer.add(examples, position=position)
 
     def _offer(self, examples: list[LabelledExample], where: list[tuple[str, int]], now: float) -> None:
         """Queue a poll's examples in the merge, each partition's in its order, each offset once."""
@@ -279,14 +294,5 @@ class TrainerDaemon:
             log.debug("trainer: lag unavailable for metrics", exc_info=True)
 
     def _collect_metrics(self) -> None:
-        m, c = self.metrics, self.counters
-        m.counter("ctr_trainer_examples_total", "new examples read (duplicates excluded)").set(c["examples"])
-        m.counter("ctr_trainer_duplicates_total", "examples dropped as joiner replays").set(c["duplicates"])
-        version = self.trainer.champion_version
-        if version is not None and str(version).isdigit():
-            m.gauge("ctr_trainer_champion_version", "the registered version the trainer fine-tunes").set(
-                int(version)
-            )
-        for what, n in list(self.registry_failures.items()):
-            m.counter("ctr_trainer_registry_retries_total", "MLflow calls retried, by what", call=what).set(n)
-        export_consumer_state(m, "trainer", self._metric_lag, self.dead_reasons)
+        collect(self.metrics, self.counters, self.trainer.champion_version, self.registry_failures)
+        export_consumer_state(self.metrics, "trainer", self._metric_lag, self.dead_reasons)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.core.metrics import Registry
 
-__all__ = ["declare", "record_block"]
+__all__ = ["collect", "declare", "record_block"]
 
 TRAIN_BUCKETS_S = (1, 2, 5, 10, 30, 60, 120, 300)
 
@@ -40,3 +41,22 @@ def record_block(m: Registry, report: Any) -> None:
             m.gauge(
                 f"ctr_trainer_progressive_{name}", "the champion on the last block, before learning it"
             ).set(report.online[name])
+
+
+def collect(
+    m: Registry, counters: Mapping[str, int], version: str | None, retries: Mapping[str, int]
+) -> None:
+    """The series read at scrape time: examples and duplicates read, the champion's version, MLflow
+    calls retried by what they were."""
+    m.counter("ctr_trainer_examples_total", "new examples read (duplicates excluded)").set(
+        counters["examples"]
+    )
+    m.counter("ctr_trainer_duplicates_total", "examples dropped as joiner replays").set(
+        counters["duplicates"]
+    )
+    if version is not None and str(version).isdigit():
+        m.gauge("ctr_trainer_champion_version", "the registered version the trainer fine-tunes").set(
+            int(version)
+        )
+    for what, n in list(retries.items()):
+        m.counter("ctr_trainer_registry_retries_total", "MLflow calls retried, by what", call=what).set(n)

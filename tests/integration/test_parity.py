@@ -180,6 +180,31 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         assert float(tags["metric.online.auc"]) == pytest.approx(float(row["online_auc"]), abs=1e-9)
         assert float(tags["metric.online.logloss"]) == pytest.approx(float(row["online_logloss"]), abs=1e-9)
     assert compared >= 2 and compared == len(versions)
+
+    # The trainer on two ranks (trainer.ranks: torchrun, each rank half of every table's rows) from
+    # the same examples: the same blocks, one version per accepted block, the same metrics but for
+    # float rounding (an AUC moves by 1 / (positives x negatives) when two scores 1e-8 apart swap).
+    ranked = env | {
+        "CTR_TRAINER_RANKS": "2",
+        "CTR_KAFKA_GROUP_ID_PREFIX": f"parity-ranks-{tag}",
+        "CTR_DAEMON_STATE_DIR": str(tmp_path / "state-ranks"),
+        "CTR_REGISTRY_MODEL_NAME": f"parity-model-ranks-{tag}",
+    }
+    out2 = run(["trainer", "--exit-when-idle", "15"], ranked, tmp_path / "trainer-ranks.log")
+    assert json.loads(out2.splitlines()[-1])["blocks"] == trained["blocks"]
+    ranked_versions = {
+        int(v.tags["block"]): v.tags
+        for v in client.search_model_versions(f"name = 'parity-model-ranks-{tag}'")
+    }
+    assert ranked_versions.keys() == versions.keys()  # accepted the same blocks, registered each once
+    for block, tags in ranked_versions.items():
+        one = versions[block].tags
+        # the same parent (numbered alike in its own registered model) and Kafka offsets
+        assert (tags["lineage_key"], tags["position"]) == (one["lineage_key"], one["position"])
+        assert float(tags["metric.online.auc"]) == pytest.approx(float(one["metric.online.auc"]), abs=1e-4)
+        assert float(tags["metric.online.logloss"]) == pytest.approx(
+            float(one["metric.online.logloss"]), abs=1e-6
+        )
     kafka_admin.delete_topics(  # type: ignore[attr-defined]
         [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
     )
