@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV = $(shell ./deploy/venv.sh)
 PY = $(VENV)/bin/python
-BENCHMARKS ?= train ingest freshness restart serving
+BENCHMARKS ?= train ingest freshness restart serving scaleout
 export MLFLOW_DISABLE_TELEMETRY = true
 export DO_NOT_TRACK = true
 export FEAST_USAGE = False
@@ -37,7 +37,7 @@ format:  ## apply ruff's formatter and autofixes
 lock:  ## recompile requirements.lock from requirements.in
 	@venv=$(VENV); $$venv/bin/uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q --no-header
 
-bench: services-up vegeta  ## run every benchmark in benchmarks/ (train, ingest, freshness, restart, serving; missing ones skipped)
+bench: services-up vegeta  ## run every benchmark in benchmarks/ (train, ingest, freshness, restart, serving, scaleout; missing ones skipped)
 	@venv=$(VENV); eval "$$(CTR_VENV=$$venv ./deploy/services.sh env)"; \
 	for b in $(BENCHMARKS); do \
 	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks/$$b.py"; $$venv/bin/python benchmarks/$$b.py || exit 1; \

@@ -122,3 +122,13 @@ def test_ctr_backtest_on_two_ranks_reports_what_one_process_reports(tmp_path: Pa
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["ranks"] == 2
     assert not list(tmp_path.glob("two/rank*"))  # the other rank wrote nowhere in the report's folder
+
+
+def test_scaleout_benchmark_measures_one_and_two_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "scaleout.json"
+    _alone(Path(__file__).parents[1] / "benchmarks" / "scaleout.py", "--quick", "--out", out)
+    trainer = json.loads(out.read_text())["trainer"][str(1 << 16)]
+    assert trainer["1"]["rows_per_rank"] == {"wide.table": 1 << 16, "embedding.table": 1 << 16}
+    assert trainer["2"]["rows_per_rank"] == {"wide.table": 1 << 15, "embedding.table": 1 << 15}
+    assert len(trainer["2"]["peak_rss_mb_per_rank"]) == 2
+    assert all(r["examples_per_s"] > 0 for r in trainer.values())
