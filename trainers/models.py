@@ -84,6 +84,7 @@ class HashedEmbedding(nn.Module):
         self.warm_start = bool(warm_start) and self.min_count == 0 and n_fields > 0
         extra = n_fields if self.min_count > 0 else 0
         sharding = built_for()  # under torchrun: only this rank's rows, drawn as the whole table is
+        self.table: nn.Embedding
         if sharding is not None:
             self.table = ShardedRows.initialised(hash_buckets + extra, dim, _INIT_STD, sharding)
         else:

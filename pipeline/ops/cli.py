@@ -193,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return produce_log(cfg, args)
     if args.command in ("trainer", "backtest") and cfg.trainer.ranks > 1 and "WORLD_SIZE" not in os.environ:
-        _as_ranks(cfg.trainer.ranks, sys.argv[1:] if argv is None else argv)  # torchrun, in our place
+        from pipeline.ops.ranks import run_ranks
+
+        return run_ranks(cfg.trainer.ranks, sys.argv[1:] if argv is None else argv)
     if args.command == "backtest":
         from pipeline.replay.backtest_cli import backtest
 
@@ -239,13 +241,6 @@ def main(argv: list[str] | None = None) -> int:
         run_replica(cfg, args.host, args.port, args.name or f"serve-{args.port}")
         return 0
     return 2  # pragma: no cover - argparse enforces the choices
-
-
-def _as_ranks(ranks: int, argv: list[str]) -> None:
-    """Replace this process by torchrun starting ``ranks`` copies of this command on this host
-    (the PID stays: systemd's main process is then torchrun, which forwards SIGTERM to them)."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    os.execv(sys.executable, [*torchrun, "-m", "pipeline.ops.cli", *argv])
 
 
 def _deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

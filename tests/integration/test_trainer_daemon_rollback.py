@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from kafka import KafkaProducer
 
 from pipeline.core.config import RegistryConfig
@@ -31,8 +32,9 @@ def produce(bootstrap: str, topic: str, start: int, n: int, seed: int) -> None:
     producer.close()
 
 
+@pytest.mark.parametrize("ranks", ["1", "2"])  # 2: rank 0 downloads the adopted version for both
 def test_the_trainer_daemon_adopts_a_rollback_and_checkpoints_the_adopted_champion(
-    services: dict[str, str], kafka_topic: Callable[..., str], mlflow_scope, tmp_path: Path
+    services: dict[str, str], kafka_topic: Callable[..., str], mlflow_scope, tmp_path: Path, ranks: str
 ) -> None:
     examples, dead = kafka_topic(partitions=1), kafka_topic(partitions=1)
     env = {
@@ -55,6 +57,7 @@ def test_the_trainer_daemon_adopts_a_rollback_and_checkpoints_the_adopted_champi
         "CTR_TRAINER_DEVICE": "cpu",
         "CTR_TRAINER_THREADS": "1",
         "CTR_TRAINER_GATE_TOLERANCE": "1.0",
+        "CTR_TRAINER_RANKS": ranks,
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
 
