@@ -1,6 +1,7 @@
 """One rank of tests/test_sharding.py, run by torchrun (or alone, as the single-process reference).
 
-``python tests/sharded_worker.py OUT [RESUME]``: a small DeepFM learns blocks of a synthetic stream,
+``python tests/sharded_worker.py OUT [RESUME]``: a small model (``WORKER_MODEL``, default DeepFM;
+``WORKER_MIN_COUNT``: frequency admission) learns blocks of a synthetic stream,
 scoring each block before learning it, and saves itself to ``OUT/model``; rank 0 writes what it
 saw to ``OUT/result.json`` (every rank's local table rows go to ``OUT/rows-<rank>.json``). With
 ``RESUME`` (a saved learner) it loads that and learns the next blocks instead of starting fresh.
@@ -25,8 +26,17 @@ def main(out: Path, resume: Path | None) -> None:
 
     join_launched_group("cpu")
     torch.set_num_threads(1)
+    model, min_count = os.environ.get("WORKER_MODEL", "deepfm"), int(os.environ.get("WORKER_MIN_COUNT", "0"))
     cfg = TrainerConfig(
-        hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=128, device="cpu", seed=3, threads=1
+        model=model,  # type: ignore[arg-type]
+        min_count=min_count,
+        hash_buckets=1 << 12,
+        embedding_dim=4,
+        hidden=(8,),
+        batch_size=128,
+        device="cpu",
+        seed=3,
+        threads=1,
     )
     examples = synthetic_examples(5000, seed=5)
     blocks = [examples[i : i + 1000] for i in range(0, 5000, 1000)]
