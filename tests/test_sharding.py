@@ -143,7 +143,14 @@ def test_ctr_backtest_on_two_ranks_reports_what_one_process_reports(tmp_path: Pa
 
 def test_scaleout_benchmark_measures_one_and_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "scaleout.json"
-    _alone(Path(__file__).parents[1] / "benchmarks" / "scaleout.py", "--quick", "--out", out)
+    _alone(
+        Path(__file__).parents[1] / "benchmarks" / "scaleout.py",
+        "--quick",
+        "--parts",
+        "trainer",
+        "--out",
+        out,
+    )
     trainer = json.loads(out.read_text())["trainer"][str(1 << 16)]
     assert trainer["1"]["rows_per_rank"] == {"wide.table": 1 << 16, "embedding.table": 1 << 16}
     assert trainer["2"]["rows_per_rank"] == {"wide.table": 1 << 15, "embedding.table": 1 << 15}

@@ -39,6 +39,19 @@ def test_ingest_benchmark_counts_every_event_on_every_path(services, tmp_path):
     assert r["kafka_python_bound_events_per_s"] == pytest.approx(1 / per_event_s)
 
 
+def test_scaleout_benchmark_splits_the_stream_among_joiner_processes(services, tmp_path):
+    out = tmp_path / "scaleout.json"
+    args = ("--parts", "joiner", "--processes", "1,2", "--impressions", "4000", "--out", str(out))
+    run_benchmark("scaleout.py", *args, timeout=600)
+    r = json.loads(out.read_text())["joiner"]
+    for n in ("1", "2"):
+        assert len(r[n]["per_process"]) == int(n)
+        # each event read once by one process (the group was stable before the stream came)
+        assert sum(p["events"] for p in r[n]["per_process"]) == r["events"]
+        assert sum(r[n]["examples_per_partition"].values()) == r[n]["examples"] == r["1"]["examples"] > 1000
+    assert all(p["events"] > 0 for p in r["2"]["per_process"])
+
+
 @pytest.mark.slow
 def test_freshness_benchmark_measures_every_block(services, tmp_path, monkeypatch):
     # every block published: a refused one would leave fewer than 5 versions (the script then fails)
