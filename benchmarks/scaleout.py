@@ -217,22 +217,14 @@ def _wait_members(admin: Any, group: str, n: int, timeout_s: float = 180.0) -> N
 
 def _examples_span(bootstrap: str, topic: str) -> tuple[int, int, dict[str, int], int]:
     """First and last record timestamps (ms) of ``topic``, its records per partition, their count."""
-    from kafka import KafkaConsumer, TopicPartition
+    from pipeline.kafka.read import read_to_end
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        stamps: list[int] = []
-        per: dict[str, int] = {str(tp.partition): end[tp] for tp in tps}
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            for recs in consumer.poll(timeout_ms=1_000).values():
-                stamps += [r.timestamp for r in recs]
-        return min(stamps), max(stamps), per, len(stamps)
-    finally:
-        consumer.close()
+    records = read_to_end(bootstrap, topic)
+    per: dict[str, int] = {}
+    for r in records:
+        per[str(r.partition)] = per.get(str(r.partition), 0) + 1
+    stamps = [r.timestamp for r in records]
+    return min(stamps), max(stamps), dict(sorted(per.items())), len(stamps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import pytest
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.core.partitioning import partition_of
 from pipeline.kafka.io import ensure_topics
+from pipeline.kafka.read import read_to_end
 from pipeline.sources.jsonl_mapping import write_jsonl
 from pipeline.sources.simulator import Simulator
 from trainers.version_page import iso_time
@@ -62,21 +63,7 @@ def write_stream(path: Path) -> int:
 
 def read_topic(bootstrap: str, topic: str) -> list[bytes]:
     """Every message of ``topic``, read up to the end offsets taken first."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        out: list[bytes] = []
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            for msgs in consumer.poll(timeout_ms=1_000).values():
-                out += [m.value for m in msgs]
-        return out
-    finally:
-        consumer.close()
+    return [r.value for r in read_to_end(bootstrap, topic)]
 
 
 def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -> str:

@@ -26,6 +26,7 @@ from kafka import KafkaConsumer
 
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.kafka.read import read_to_end
 from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version as replica_version
 from serving_bridge.replica_processes import stop_processes
@@ -121,29 +122,14 @@ class Run:
         """Every example on the output topic by id (and how many messages repeated an id).
 
         Reads up to the end offsets taken first, so a slow broker cannot cut the read short."""
-        from kafka import TopicPartition
-
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], enable_auto_commit=False
-        )
-        parts = consumer.partitions_for_topic(self.examples_topic) or set()
-        tps = [TopicPartition(self.examples_topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
         out: dict[str, bytes] = {}
         repeats = 0
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            assert time.monotonic() < deadline, f"examples not read to {end} in {timeout_s:.0f} s"
-            for msgs in consumer.poll(timeout_ms=1_000).values():
-                for msg in msgs:
-                    ex_id = json.loads(msg.value)["impression"]["impression_id"]
-                    if ex_id in out:
-                        repeats += 1
-                        assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
-                    out[ex_id] = msg.value
-        consumer.close()
+        for msg in read_to_end(self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], self.examples_topic, timeout_s):
+            ex_id = json.loads(msg.value)["impression"]["impression_id"]
+            if ex_id in out:
+                repeats += 1
+                assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
+            out[ex_id] = msg.value
         return out, repeats
 
     def stop_all(self) -> None:
