@@ -152,7 +152,7 @@ class TrainerConfig(Section):
     device: Device = "auto"  # auto | cpu | cuda
     # processes that train together on this host (data parallel, trainers/sharding.py): each holds
     # 1/ranks of every hashed table's rows and learns its part of each step; `ctr trainer` and
-    # `ctr backtest` start them under torchrun (one GPU each on CUDA). 1 = one process
+    # `ctr backtest` start them (pipeline/ops/ranks.py; one GPU each on CUDA). 1 = one process
     ranks: Count = 1
     seed: int = 7
     # torch CPU threads; 0 = auto: half the cores (at least 1). The trainer shares its host with the

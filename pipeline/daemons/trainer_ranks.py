@@ -15,13 +15,12 @@ ordinary model that any single process (a serving replica, a restart with other 
 
 Messages go over the process group itself (``broadcast_object_list``, pickled; only our own
 processes are in it). A follower waits for rank 0 however long a block takes to fill
-(:data:`WAIT`); if any rank dies, torchrun stops the others, and the restart resumes every rank from
-rank 0's checkpoint.
+(:data:`WAIT`); if any rank dies, the launcher (``pipeline/ops/ranks.py``, or torchrun) stops the
+others, and the restart resumes every rank from rank 0's checkpoint.
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 import signal
 import tempfile
@@ -40,8 +39,6 @@ from trainers.learner import TorchLearner
 from trainers.sharding import join_launched_group
 
 __all__ = ["WAIT", "Leader", "LeaderStore", "MirrorStore", "follow", "join"]
-
-log = logging.getLogger(__name__)
 
 WAIT = timedelta(days=365)  # a collective waits this long for the other ranks (a quiet stream)
 
@@ -69,6 +66,13 @@ def share_folder(folder: Path | None, dst: Path) -> Path | None:
     return dst
 
 
+def _empty(folder: Path) -> Path:
+    """``folder``, emptied: one copy of an adopted version at a time, not one per rollback."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def join(cfg: Config) -> int | None:
     """This process's rank under torchrun (after joining the group); None in a single process."""
     sharding = join_launched_group(cfg.trainer.device, timeout=WAIT)
@@ -85,7 +89,7 @@ class LeaderStore:
         return share(self.inner.resolve(alias))
 
     def load(self, version: str) -> TorchLearner:
-        dst = Path(tempfile.mkdtemp(dir=self.scratch))
+        dst = _empty(self.scratch / "adopting")
         folder = share_folder(self.inner.download(version, dst), dst)
         assert folder is not None
         return TorchLearner.load(folder)
@@ -109,7 +113,7 @@ class MirrorStore:
         return share()
 
     def load(self, version: str) -> TorchLearner:
-        folder = share_folder(None, Path(tempfile.mkdtemp(dir=self.scratch)))
+        folder = share_folder(None, _empty(self.scratch / "adopting"))
         assert folder is not None
         return TorchLearner.load(folder)
 
@@ -125,9 +129,7 @@ class Leader:
     """What the daemon on rank 0 tells the other ranks."""
 
     def __init__(self, scratch: Path) -> None:
-        shutil.rmtree(scratch, ignore_errors=True)  # a previous run's copies
-        scratch.mkdir(parents=True)
-        self.scratch = scratch
+        self.scratch = _empty(scratch)  # a previous run's copies go
 
     def store(self, inner: IdempotentStore) -> LeaderStore:
         return LeaderStore(inner, self.scratch)

@@ -68,8 +68,8 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
         extra |= {"impressions": args.impressions, "world": args.world}
     if args.clicks is not None:
         extra["clicks"] = str(args.clicks)
-    # Under torchrun every rank replays the same stream in step, each holding its share of the
-    # tables' rows (trainers/sharding.py); rank 0 writes the report.
+    # On several ranks (trainer.ranks, torchrun) each replays the same stream in step, holding its
+    # share of the tables' rows (trainers/sharding.py); rank 0 writes the report.
     sharding = join_launched_group(cfg.trainer.device)
     if sharding is not None and cfg.backtest.register:
         print("ctr: backtest.register publishes from one process; run it without torchrun", file=sys.stderr)
