@@ -218,13 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "trainer":
         from pipeline.daemons.trainer import TrainerDaemon
         from pipeline.daemons.trainer_ranks import follow, join
+        from trainers.sharding import leave_group
 
         rank = join(cfg)
-        if rank:  # a follower: rank 0 prints the counts
-            follow(cfg)
+        try:
+            if rank:  # a follower: rank 0 prints the counts
+                follow(cfg)
+                return 0
+            print(json.dumps(TrainerDaemon(cfg, ranked=rank == 0).run(max_idle_s=args.exit_when_idle)))
             return 0
-        print(json.dumps(TrainerDaemon(cfg, ranked=rank == 0).run(max_idle_s=args.exit_when_idle)))
-        return 0
+        finally:
+            leave_group()
     if args.command == "deploy":
         return _deploy(args)
     if args.command == "ab":

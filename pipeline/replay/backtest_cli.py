@@ -36,7 +36,7 @@ def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
 def backtest(cfg: Config, args: argparse.Namespace) -> int:
     from pipeline.replay.backtest import run_backtest
     from pipeline.sources.open import open_source
-    from trainers.sharding import join_launched_group
+    from trainers.sharding import join_launched_group, leave_group
 
     cfg.trainer.model = args.model or cfg.trainer.model
     cfg.trainer.seed = args.seed
@@ -85,6 +85,7 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
             result = run_backtest(
                 cfg, source, Path(scratch), title=title, seed=args.seed, quiet=True, mlflow_run=False
             )
+    leave_group()
     assert result.dead_letters is not None
     return dead_letter_status("backtest", result.dead_letters, args.out / "dead_letters.jsonl")
 
