@@ -9,6 +9,10 @@ resident memory. The ranks share the machine's cores: ``R`` ranks get ``cores / 
 each, one process gets them all, so the figures compare the same CPU time spent two ways. The
 reference is the one-process learner (the default, what runs without torchrun).
 
+**Joiner state** (``benchmarks/joiner_state.py``, needs Kafka): checkpoint cost and restore time
+of one partition task against its number of users (10k, 100k, 1M), the whole-state file before
+against the changelog topic after.
+
 **Joiner** (needs the services, ``./deploy/services.sh up``): one simulated stream is published
 to topics of :data:`JOINER_PARTITIONS` partitions; then for 1, 2 and 3 processes, ``ctr joiner``
 processes (each its own state folder, one consumer group, what the systemd unit runs) read it all
@@ -21,7 +25,8 @@ Per process: the events it read and its examples. The reference is a raw kafka-p
 reading the same topics afterwards.
 
 Run: ``python benchmarks/scaleout.py`` (ranks 1 and 2, 2^20 and 2^24 rows; joiner 1-3 processes);
-``--parts trainer`` or ``--parts joiner``; ``--quick`` for a smoke run. Writes
+``--parts trainer``, ``joiner`` or ``state`` (the parts not run keep their figures in the file);
+``--quick`` for a smoke run. Writes
 ``benchmarks/results/scaleout.json``::
 
     {"meta": {...}, "trainer": {"<rows>": {"<ranks>": {"examples_per_s", "rows_per_rank",
@@ -62,7 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=3, help="timed blocks (after one warm-up block)")
     p.add_argument("--batch", type=int, default=4096, help="examples per optimizer step (all ranks)")
     p.add_argument(
-        "--parts", default="trainer,joiner", help="comma list: trainer, joiner (needs the services)"
+        "--parts",
+        default="trainer,joiner,state",
+        help="comma list: trainer, joiner, state (the last two need the services)",
+    )
+    p.add_argument(
+        "--state-users", default="10000,100000,1000000", help="state: comma list of users in one task"
     )
     p.add_argument("--processes", default="1,2,3", help="joiner: comma list of process counts")
     p.add_argument("--impressions", type=int, default=150_000, help="joiner: simulated impressions")
@@ -72,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.examples, args.blocks, args.impressions = str(1 << 16), 8192, 1, 20_000
+        args.state_users = "2000"
     return args
 
 
@@ -252,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                 if one is not None:
                     r["ratio_to_one_process"] = round(r["examples_per_s"] / one["examples_per_s"], 3)
         joiner = joiner_scaleout(args, Path(tmp)) if "joiner" in parts else None
+    state = None
+    if "state" in parts:
+        from joiner_state import measure_state  # a script beside this one
+
+        bootstrap = os.environ.get("CTR_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+        state = measure_state(bootstrap, [int(u) for u in args.state_users.split(",")])
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["benchmarks/scaleout.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -266,13 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         "reference": "one process, all cores (what runs without torchrun)",
     }
     out = args.out or RESULTS / ("scaleout-quick.json" if args.quick else "scaleout.json")
-    doc: dict[str, Any] = {"meta": meta}
+    # parts not measured this time keep their last figures (their own meta says when)
+    doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    doc["meta"] = {**doc.get("meta", {}), **meta}
+    if state is not None:
+        doc["state"] = {**state, "date": meta["date"], "load_avg_1m": os.getloadavg()[0]}
     if results:
         doc["trainer"] = results
     if joiner is not None:
         doc["joiner"] = joiner
-        meta["joiner_impressions"] = args.impressions
-        meta["joiner_partitions"] = JOINER_PARTITIONS
+        doc["meta"]["joiner_impressions"] = args.impressions
+        doc["meta"]["joiner_partitions"] = JOINER_PARTITIONS
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
     return 0

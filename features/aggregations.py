@@ -113,6 +113,8 @@ class StreamingFeatures:
         self._items: dict[str, _Entity] = {}
         self._dirty_users: set[str] = set()
         self._dirty_items: set[str] = set()
+        # entities changed since the last take_changes() (None: not tracked; see track_changes)
+        self._changed: tuple[set[str], set[str]] | None = None
         # an entity with no events: counts 0 and the same formula's CTR (= the prior, to the ulp)
         self._zero = [0.0, 0.0, self._a / self._a_over_prior] * len(self._spans)
         self.late_dropped = 0  # entity updates dropped: older than the retention behind its newest
@@ -200,9 +202,31 @@ class StreamingFeatures:
         drains (and checkpoints): Feast's Redis store silently drops a row not newer than the one
         it holds, which would lose an update made by a late or same-millisecond event.
         """
+        if self._changed is not None:  # a drain changes pushed_us: every drained entity changed
+            self._changed[0].update(self._dirty_users)
+            self._changed[1].update(self._dirty_items)
         users = self._drain(self._users, self._dirty_users, "user_id", self.user_names)
         items = self._drain(self._items, self._dirty_items, "item_id", self.item_names)
         return users, items
+
+    def track_changes(self, everything: bool = False) -> None:
+        """Remember which entities change, for :meth:`take_changes` (incremental checkpoints);
+        ``everything``: count every entity held now as changed (a first incremental checkpoint)."""
+        self._changed = (set(self._users), set(self._items)) if everything else (set(), set())
+
+    def take_changes(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """Users and items changed since the last call, as :meth:`to_state` writes them. Changed
+        rows must have been pushed first (:meth:`drain_dirty`): the changes do not say "dirty"."""
+        if self._changed is None:
+            raise RuntimeError("StreamingFeatures.take_changes: call track_changes() first")
+        if self._dirty_users or self._dirty_items:
+            raise RuntimeError("StreamingFeatures.take_changes: drain_dirty() (push) before checkpointing")
+        users, items = self._changed
+        self._changed = (set(), set())
+        return (
+            {u: _flat(self._users[u]) for u in sorted(users)},
+            {i: _flat(self._items[i]) for i in sorted(items)},
+        )
 
     def _drain(
         self, table: dict[str, _Entity], dirty: set[str], key: str, names: tuple[str, ...]
@@ -223,13 +247,7 @@ class StreamingFeatures:
         """JSON-serialisable state (buckets unpacked to ``[bucket, cum_imps, cum_clicks]`` triples)."""
 
         def dump(table: dict[str, _Entity]) -> dict[str, list[int]]:
-            out = {}
-            for ident, e in table.items():
-                flat = [e.last_ts, e.pushed_us, (e.base >> 40) & _FIELD, e.base & _FIELD]
-                for v in e.buckets:
-                    flat += (v >> _IDX, (v >> 40) & _FIELD, v & _FIELD)
-                out[ident] = flat
-            return out
+            return {ident: _flat(e) for ident, e in table.items()}
 
         return {
             "version": _STATE_VERSION,
@@ -240,6 +258,16 @@ class StreamingFeatures:
             "dirty_items": sorted(self._dirty_items),
             "late_dropped": self.late_dropped,
         }
+
+    def user_state(self, user_id: str) -> list[int] | None:
+        """One user's counters as :meth:`to_state` writes them (None: no events yet)."""
+        ent = self._users.get(user_id)
+        return None if ent is None else _flat(ent)
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The state besides the entities (:meth:`to_state` without users, items and dirty sets)."""
+        return {"version": _STATE_VERSION, "bucket_s": self.cfg.bucket_s, "late_dropped": self.late_dropped}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], cfg: FeatureConfig) -> StreamingFeatures:
@@ -266,3 +294,11 @@ class StreamingFeatures:
         sf._dirty_users, sf._dirty_items = set(state["dirty_users"]), set(state["dirty_items"])
         sf.late_dropped = int(state.get("late_dropped", 0))
         return sf
+
+
+def _flat(e: _Entity) -> list[int]:
+    """One entity as ``[last_ts, pushed_us, base_imps, base_clicks, (bucket, cum_imps, cum_clicks)...]``."""
+    flat = [e.last_ts, e.pushed_us, (e.base >> 40) & _FIELD, e.base & _FIELD]
+    for v in e.buckets:
+        flat += (v >> _IDX, (v >> 40) & _FIELD, v & _FIELD)
+    return flat

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["file_lock", "read_json", "replace_dir", "temp_path", "write_json"]
+__all__ = ["claim_slot", "file_lock", "read_json", "replace_dir", "temp_path", "write_json"]
+
+_SLOTS: list[Any] = []  # the open lock files of claim_slot: held until the process exits
 
 
 def temp_path(path: Path) -> Path:
@@ -35,6 +37,24 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def claim_slot(folder: Path, name: str) -> int:
+    """The lowest ``n`` whose lock file ``folder/<name>-<n>.lock`` no other live process holds; this
+    process holds it until it exits. A process restarted in the same folder gets its slot back (the
+    kernel drops a dead process's locks), two running side by side get different ones."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        f = (folder / f"{name}-{n}.lock").open("a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            n += 1
+            continue
+        _SLOTS.append(f)
+        return n
 
 
 def write_json(path: Path, data: Any) -> None:

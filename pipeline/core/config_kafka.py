@@ -32,6 +32,12 @@ class KafkaConfig(Section):
     dead_letter_topic: str = "dead-letters"  # rejected events with a reason
     partitions: Count = 3  # partitions of the topics ensure_topics creates (same for all: co-partitioning)
     replication_factor: Count = 1  # replicas of the topics ensure_topics creates (3 on a real cluster)
+    # the joiner's state (pending impressions, feature counters, dedup ids): a compacted changelog
+    # topic with as many partitions as the inputs; empty = "<group_id_prefix>-joiner-<examples_topic>-state"
+    joiner_state_topic: str = ""
+    # a checkpoint's transaction (state records + input offsets) that takes longer is aborted by the
+    # broker; also how long a joiner that died mid-checkpoint can delay its partitions' next owner
+    transaction_timeout_ms: Count = 30_000
     group_id_prefix: str = "ctr"  # each daemon's consumer group is "<prefix>-<daemon>"
     client_id: str = "ctr-online"  # names this client in broker logs and quotas
     security_protocol: SecurityProtocol = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL

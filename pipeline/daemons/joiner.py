@@ -1,16 +1,17 @@
 """`ctr joiner`: impressions + clicks from Kafka -> labelled examples on Kafka + features in Feast.
 
-One :class:`~pipeline.join.partition_task.PartitionTask` per assigned partition number. Every
+One :class:`~pipeline.join.partition_task.PartitionTask` per assigned partition number, its state
+kept in the joiner's changelog topic (:mod:`pipeline.daemons.joiner_state`). Every
 ``daemon.checkpoint_every_s``:
 
 1. flush the producers (examples and dead letters acknowledged by Kafka),
 2. push the changed features to the Feast online store (Redis),
-3. write each task's checkpoint (joiner + features state and the offsets it has processed),
-4. commit exactly those offsets to the consumer group.
+3. in one Kafka transaction: each task's changed state records and the offsets it has processed.
 
-A crash anywhere replays from the last checkpoint; the tasks are deterministic, so the replay
-re-sends byte-identical examples (the trainer drops them by example id) and re-pushes identical
-features (Redis drops rows that are not newer). Nothing is lost, nothing counts twice.
+A crash anywhere replays from the last committed transaction, on this machine or another; the tasks
+are deterministic, so the replay re-sends byte-identical examples (the trainer drops them by example
+id) and re-pushes identical features (Redis drops rows that are not newer). Nothing is lost, nothing
+counts twice.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kafka.errors import CommitFailedError, KafkaError
+from kafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 from redis.exceptions import RedisError
 
 from features.aggregations import FeatureRow
 from features.store import FeatureWriter, open_store
 from pipeline.core import logs, systemd
-from pipeline.core.checkpoints import read_json, write_json
 from pipeline.core.config import Config
 from pipeline.core.events import DeadLetter
 from pipeline.core.metrics import serve_metrics
@@ -38,6 +43,7 @@ from pipeline.core.partitioning import partition_of
 from pipeline.core.types import RawEvent, WallClock
 from pipeline.core.validation import Validator
 from pipeline.daemons.joiner_metrics import JoinerMetrics
+from pipeline.daemons.joiner_state import TaskStates
 from pipeline.join.dead_letter_alarm import DeadLetterAlarm
 from pipeline.join.partition_task import PartitionTask
 from pipeline.kafka.io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
@@ -48,6 +54,8 @@ __all__ = ["JoinerDaemon"]
 log = logging.getLogger(__name__)
 # what a service outage raises (broker, producer acknowledgements, Redis, disk): replay, not crash
 OUTAGES = (KafkaError, KafkaSinkError, RedisError, OSError)
+# a checkpoint's offsets refused because the group moved on: reopen the tasks, no back-off
+REBALANCING = (CommitFailedError, IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError)
 _FLUSH_TIMEOUT_S = 20.0  # unacknowledged after this: an outage (well inside the unit's WatchdogSec=60)
 
 
@@ -64,10 +72,15 @@ class JoinerDaemon:
             {k.impressions_topic: "impression", k.clicks_topic: "click"},
             group_id=f"{k.group_id_prefix}-joiner",
             on_revoke=self._on_revoke,
+            read_committed=True,  # a newly assigned partition waits for its last checkpoint to end
         )
         self.examples = KafkaSink(k, k.examples_topic)
         self.dead = KafkaSink(k, k.dead_letter_topic)
-        self.validator = Validator(cfg.validation, WallClock(), self._router())
+        partitions = self._partitions()
+        self.validator = Validator(
+            cfg.validation, WallClock(), lambda user_id: partition_of(user_id, partitions)
+        )
+        self.states = TaskStates(cfg, self.source, self.topic_of, partitions, self.state_dir)
         self.alarm = DeadLetterAlarm(cfg.daemon.dead_letter_warn_share)
         store = open_store(
             feature_dir or self.state_dir / "feast",
@@ -82,11 +95,12 @@ class JoinerDaemon:
         self.dead_reasons: Counter[str] = Counter()
         self.outages: Counter[str] = Counter()  # failures that forced a replay, by exception type
         self._failures = 0  # in a row; sets the back-off
+        self.checkpoint_seconds = 0.0  # spent in checkpoint(), in total
         self.observed = JoinerMetrics(self)
         self.metrics = self.observed.registry
 
-    def _router(self) -> Callable[[str], int]:
-        """A user id's partition among the input topics' (equal) partition counts, read from the broker."""
+    def _partitions(self) -> int:
+        """The input topics' (equal) partition count, read from the broker."""
         k = self.cfg.kafka
         counts = {t: self.source.partition_count(t) for t in (k.impressions_topic, k.clicks_topic)}
         if len(set(counts.values())) != 1:
@@ -101,27 +115,21 @@ class JoinerDaemon:
                 f"joiner: the examples topic {k.examples_topic!r} has {examples} partitions, the input "
                 f"topics {n}: partition p's examples go to partition p; give it {n} partitions"
             )
-        return lambda user_id: partition_of(user_id, n)
+        return n
 
     # -- tasks -----------------------------------------------------------------------------------
     def _task(self, partition: int) -> PartitionTask:
         task = self.tasks.get(partition)
         if task is None:
-            task = PartitionTask(self.cfg, partition, idle_s=self.cfg.daemon.idle_merge_s)
-            state = read_json(self.state_dir / f"p{partition}.json")
-            if state is not None:
-                task.load_state(state, self.cfg)
-                # start exactly where the checkpoint stopped (the group's commit may lag it)
-                self.source.seek(
-                    {f"{self.topic_of[kind]}:{partition}": off for kind, off in state["next_offsets"].items()}
-                )
+            task, offsets = self.states.open(partition)
+            if offsets is not None:  # start exactly where its state stopped
+                self.source.seek({f"{self.topic_of[kind]}:{partition}": off for kind, off in offsets.items()})
             self.tasks[partition] = task
-            log.info("joiner: task for partition %d %s", partition, "resumed" if state else "started")
         return task
 
     def _on_revoke(self) -> None:
-        """A rebalance rewound the source: drop every task; they reload from their checkpoints."""
-        log.info("joiner: partitions moved; tasks reload from their checkpoints")
+        """A rebalance rewound the source: drop every task; they reopen from the changelog."""
+        log.info("joiner: partitions moved; tasks reopen from the changelog")
         self.tasks.clear()
 
     def _at_end(self, kind: str, partition: int, now: float) -> bool:
@@ -184,6 +192,7 @@ class JoinerDaemon:
             self.source.close()
             self.examples.close()
             self.dead.close()
+            self.states.close()
         return self.counters
 
     def _outage(self, exc: BaseException) -> None:
@@ -205,14 +214,10 @@ class JoinerDaemon:
         )
         self.examples.discard()
         self.dead.discard()
-        snapshot: dict[str, int] = {}
-        for p in self.tasks:
-            state = read_json(self.state_dir / f"p{p}.json")
-            for kind, off in (state or {}).get("next_offsets", {}).items():
-                snapshot[f"{self.topic_of[kind]}:{p}"] = off
-        self.tasks.clear()
+        self.states.changelog.reset()
+        self.tasks.clear()  # they reopen from the changelog, seeking to their committed offsets
         try:
-            self.source.rewind(snapshot)
+            self.source.rewind({})  # every owned partition back to its last commit
         except Exception:  # the consumer itself is unusable: let systemd restart us from the files
             log.exception("joiner: cannot rewind the consumer")
             raise
@@ -256,7 +261,6 @@ class JoinerDaemon:
             log.debug("joiner: lag unavailable for metrics", exc_info=True)
         self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
         self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
-        commit: dict[str, Any] = {}
         users: list[FeatureRow] = []
         items: list[FeatureRow] = []
         for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
@@ -264,26 +268,21 @@ class JoinerDaemon:
             users += u  # and item keys carry their shard)
             items += i
         self.features.push(users, items)
-        for p, task in sorted(self.tasks.items()):
-            state = task.to_state()
-            write_json(self.state_dir / f"p{p}.json", state)
-            for kind, off in state["next_offsets"].items():
-                commit[f"{self.topic_of[kind]}:{p}"] = off
-        logs.set_context(offsets=commit)
-        if commit:
-            try:
-                self.source.commit(commit)
-            except CommitFailedError:  # a rebalance is under way: the checkpoint files still hold
-                log.warning("joiner: offset commit refused during a rebalance; checkpoints kept")
-            except KafkaError as exc:  # broker away: harmless, a restart seeks to the checkpoint files
-                log.warning("joiner: offset commit failed (%s); checkpoints kept, next commit retries", exc)
+        try:
+            committed = self.states.checkpoint(self.tasks)
+        except REBALANCING as exc:  # the transaction aborted: nothing of it is visible
+            log.warning("joiner: the checkpoint was refused during a rebalance (%r); tasks reopen", exc)
+            committed = None
+        if committed is None:  # partitions moved under us: nothing written; reopen what we keep
+            self.tasks.clear()
+            self.source.rewind({})
+        else:
+            logs.set_context(offsets=committed)
         self.counters["checkpoints"] += 1
         self.observed.update_rates()
-        self.metrics.histogram(
-            "ctr_joiner_checkpoint_seconds",
-            "flush + feature push + checkpoint + commit",
-            (0.1, 0.5, 1, 2, 5, 10, 30),
-        ).observe(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.checkpoint_seconds += seconds
+        self.metrics.histogram("ctr_joiner_checkpoint_seconds", "", ()).observe(seconds)
         c = self.counters
         systemd.status(
             f"joiner: {c['events']} events, {c['examples']} examples, {c['dead_letters']} dead letters, "

@@ -26,7 +26,7 @@ class JoinerMetrics:
         self.registry.on_scrape(self.collect)
         self.registry.histogram(  # declared now: it exists (all zeros) before the first checkpoint
             "ctr_joiner_checkpoint_seconds",
-            "flush + feature push + checkpoint + commit",
+            "flush + feature push + one transaction of the changed state and the offsets",
             CHECKPOINT_BUCKETS_S,
         )
         self.lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint

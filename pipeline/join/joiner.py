@@ -39,10 +39,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from pipeline.core.config import JoinerConfig
 from pipeline.core.events import Click, Impression, LabelledExample
+from pipeline.join.joiner_checkpoints import JoinerCheckpoints, _Pending
 from pipeline.join.stats import JoinStats, Rejection
 
 __all__ = ["FeatureTracker", "Joiner"]
@@ -58,16 +59,8 @@ class FeatureTracker(Protocol):
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
 
 
-@dataclass(slots=True)
-class _Pending:
-    impression: Impression
-    features: dict[str, float]
-    click_ts: int | None = None  # event time of the attributed click, if any
-    as_dict: dict[str, Any] | None = None  # impression.to_dict(), kept: every checkpoint writes it
-
-
 @dataclass
-class Joiner:
+class Joiner(JoinerCheckpoints):
     """Stateful event-time join of impressions and clicks; see the module docstring for the rules."""
 
     cfg: JoinerConfig
@@ -88,6 +81,11 @@ class Joiner:
         self._done_heap: list[tuple[int, str]] = []
         self._out: list[LabelledExample] = []
         self._rejected: list[Rejection] = []
+        # users whose entries changed since the last checkpoint, and every user's impression ids
+        # (None: not tracked; see track_changes and pipeline.join.task_records)
+        self.changed: set[str] | None = None
+        self._owned: dict[str, dict[str, None]] = {}
+        self._loaded_owners: dict[str, str] = {}  # finalised id -> user, from load_state
 
     @property
     def watermark(self) -> int:
@@ -95,9 +93,15 @@ class Joiner:
 
     # -- input -----------------------------------------------------------------------------------
     def process(self, event: Impression | Click) -> None:
-        """Take one validated event. Call :meth:`advance` after a batch to finalise negatives."""
+        """Take one validated event. Call :meth:`advance` after a batch to finalise negatives.
+
+        A newer event time moves the watermark first: everything it passes is finalised (and
+        forgotten) before the event is handled, so what an event meets (a duplicate id still
+        remembered, an impression still open for its click) depends on the events before it, never
+        on where a batch happened to end (which a replay does not reproduce)."""
         if event.ts > self.max_ts:
             self.max_ts = event.ts
+            self.advance()
         if isinstance(event, Impression):
             self._impression(event)
         else:
@@ -121,8 +125,13 @@ class Joiner:
         pending = _Pending(imp, feats)
         self._pending[iid] = pending
         heapq.heappush(self._pending_heap, (imp.ts + self._window, iid))
+        if self.changed is not None:
+            self._own(imp.user_id, iid)
         early = self._early.pop(iid, None)
         if early is not None:
+            if self.changed is not None and early.user_id != imp.user_id:
+                self._owned.get(early.user_id, {}).pop(iid, None)
+                self.changed.add(early.user_id)
             self._attribute(pending, early)
 
     def _click(self, click: Click) -> None:
@@ -143,6 +152,8 @@ class Joiner:
             self.stats.early_clicks += 1
             self._early[iid] = click
             heapq.heappush(self._early_heap, (click.ts + self._hold, iid))
+            if self.changed is not None:
+                self._own(click.user_id, iid)
 
     def _attribute(self, pending: _Pending, click: Click) -> None:
         imp = pending.impression
@@ -162,6 +173,9 @@ class Joiner:
             self.stats.late_clicks += 1
             return
         pending.click_ts = click.ts
+        pending.entry = None
+        if self.changed is not None:
+            self.changed.add(imp.user_id)
         if self.features is not None:
             self.features.record_click(imp.user_id, imp.item_id, click.ts)
 
@@ -179,16 +193,21 @@ class Joiner:
                 self._emit(pending, 1, pending.click_ts)
         heap = self._early_heap
         while heap and heap[0][0] < wm:
-            _, iid = heapq.heappop(heap)
-            click = self._early.pop(iid, None)
-            if click is not None:
+            end, iid = heapq.heappop(heap)
+            click = self._early.get(iid)
+            # the click this entry was pushed for: one whose impression came is gone, and a later
+            # early click for the same id has its own entry (a restore rebuilds only that one)
+            if click is not None and click.ts + self._hold == end:
+                del self._early[iid]
                 self.stats.orphan_clicks += 1
                 self._rejected.append(
                     Rejection(
                         click,
                         "orphan_click",
                         f"click {click.click_id}: impression {iid} did not arrive on this partition "
-                        f"within early_click_hold_s ({self.cfg.early_click_hold_s:g} s of event time)",
+                        f"within early_click_hold_s ({self.cfg.early_click_hold_s:g} s of event time), "
+                        "or came so long before the click (over attribution_window_s + "
+                        "dedup_horizon_s) that it was forgotten",
                     )
                 )
         heap = self._done_heap
@@ -224,41 +243,3 @@ class Joiner:
     @property
     def open_impressions(self) -> int:
         return len(self._pending)
-
-    # -- checkpoints -----------------------------------------------------------------------------
-    def to_state(self) -> dict[str, Any]:
-        """JSON-serialisable state; undrained output must be drained (and made durable) first."""
-        if self._out or self._rejected:
-            raise RuntimeError("Joiner.to_state: drain() and drain_rejected() before checkpointing")
-        return {
-            "max_ts": self.max_ts,
-            "stats": self.stats.as_dict(),
-            "pending": [[_as_dict(p), p.features, p.click_ts] for p in self._pending.values()],
-            "early": [c.to_dict() for c in self._early.values()],
-            "done": self._done,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`to_state` output into a fresh joiner (same config)."""
-        self.max_ts = state["max_ts"]
-        self.stats = JoinStats(**state["stats"])
-        self._pending.clear()
-        self._pending_heap.clear()
-        for imp_d, feats, click_ts in state["pending"]:
-            imp = Impression.from_dict(imp_d)
-            self._pending[imp.impression_id] = _Pending(imp, feats, click_ts)
-            self._pending_heap.append((imp.ts + self._window, imp.impression_id))
-        heapq.heapify(self._pending_heap)
-        self._early = {c["impression_id"]: Click(**c) for c in state["early"]}
-        self._early_heap = [(c.ts + self._hold, iid) for iid, c in self._early.items()]
-        heapq.heapify(self._early_heap)
-        self._done = dict(state["done"])
-        self._done_heap = [(abs(v), iid) for iid, v in self._done.items()]
-        heapq.heapify(self._done_heap)
-
-
-def _as_dict(pending: _Pending) -> dict[str, Any]:
-    """The pending impression as a dict, built once (a checkpoint writes every pending impression)."""
-    if pending.as_dict is None:
-        pending.as_dict = pending.impression.to_dict()
-    return pending.as_dict

@@ -126,8 +126,14 @@ def connect(factory: Callable[..., _C], cfg: KafkaConfig, what: str, **extra: An
         ) from exc
 
 
-def ensure_topics(cfg: KafkaConfig, names: Iterable[str], partitions: int | None = None) -> list[str]:
-    """Create the topics that do not exist yet (``partitions`` defaults to ``cfg.partitions``).
+def ensure_topics(
+    cfg: KafkaConfig,
+    names: Iterable[str],
+    partitions: int | None = None,
+    configs: dict[str, str] | None = None,
+) -> list[str]:
+    """Create the topics that do not exist yet (``partitions`` defaults to ``cfg.partitions``;
+    ``configs``: topic settings of the ones created, e.g. ``{"cleanup.policy": "compact"}``).
 
     Idempotent and safe to race: a topic another process created meanwhile counts as existing.
     Returns the names it created. Existing topics are left as they are, whatever their partitions.
@@ -139,7 +145,11 @@ def ensure_topics(cfg: KafkaConfig, names: Iterable[str], partitions: int | None
         missing = [t for t in wanted if t not in set(admin.list_topics())]
         created: list[str] = []
         if missing:
-            spec = {"num_partitions": n, "replication_factor": cfg.replication_factor}
+            spec = {
+                "num_partitions": n,
+                "replication_factor": cfg.replication_factor,
+                "configs": configs or {},
+            }
             result = admin.create_topics({t: dict(spec) for t in missing}, raise_errors=False)
             for topic in result["topics"]:
                 code = topic["error_code"]

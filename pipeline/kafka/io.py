@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Self
+from typing import Any, Self
 
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
@@ -84,6 +84,7 @@ class GroupSource:
         batch_size: int | None,
         clock: Clock,
         on_revoke: Callable[[], None] | None,
+        read_committed: bool = False,
     ) -> None:
         self.cfg, self.group_id, self.clock, self.on_revoke = cfg, group_id, clock, on_revoke
         self.batch_size = batch_size or cfg.max_poll_records
@@ -105,6 +106,8 @@ class GroupSource:
             max_poll_interval_ms=cfg.max_poll_interval_ms,
             group_instance_id=cfg.group_instance_id or None,
             check_crcs=cfg.check_crcs,
+            # read_committed: a newly assigned partition waits for its open transaction (changelog.py)
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
             # Range gives one member the same partition number of every topic: impressions and
             # clicks of one user (same key, same partition count) reach the same joiner.
             partition_assignment_strategy=(RangePartitionAssignor,),
@@ -150,20 +153,27 @@ class GroupSource:
         with self._book.lock:
             return {snapshot_key(tp): off for tp, off in sorted(self._book.positions.items())}
 
-    def commit(self, snapshot: Mapping[str, int]) -> dict[str, int]:
+    def commit(
+        self, snapshot: Mapping[str, int], transaction: Callable[[dict[Any, Any], Any], None] | None = None
+    ) -> dict[str, int]:
         """Commit exactly these offsets for the partitions this member owns; returns what it committed.
 
         Entries for partitions it does not own (any more) are skipped: committing them could move
         another member's position. Raises ``kafka.errors.CommitFailedError`` if the group is
         rebalancing; the next batch then reports the rebalance (``on_revoke``), and
         :class:`FencedMemberError` if another process took this member's ``group_instance_id``.
+        ``transaction(offsets, group_metadata)``: commit them inside a producer's transaction
+        (``KafkaProducer.send_offsets_to_transaction``) instead of directly.
         """
         offsets = parse_snapshot(snapshot)
         mine = {tp: off for tp, off in offsets.items() if tp in self._book.owned}
         if mine:
             commit = {tp: OffsetAndMetadata(off, "", -1) for tp, off in mine.items()}
             try:
-                self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
+                if transaction is None:
+                    self._consumer.commit(commit, timeout_ms=self.cfg.request_timeout_ms)
+                else:
+                    transaction(commit, self._consumer.group_metadata())
             except FencedInstanceIdError as exc:
                 raise self._fenced(exc) from exc
             self._book.committed(mine)

@@ -40,9 +40,12 @@ class KafkaEventSource(GroupSource):
         batch_size: int | None = None,
         clock: Clock | None = None,
         on_revoke: Callable[[], None] | None = None,
+        read_committed: bool = False,
     ) -> None:
         self.topics = dict(topics)
-        super().__init__(cfg, self.topics, group_id, batch_size, clock or WallClock(), on_revoke)
+        super().__init__(
+            cfg, self.topics, group_id, batch_size, clock or WallClock(), on_revoke, read_committed
+        )
 
     def batches(self) -> Iterator[list[RawEvent]]:
         kinds = self.topics

@@ -150,6 +150,7 @@ def kafka_cfg(kafka_bootstrap: str, kafka_topic: Callable[..., str]) -> object:
         clicks_topic=kafka_topic(partitions=3),
         examples_topic=kafka_topic(partitions=3),
         dead_letter_topic=kafka_topic(partitions=1),
+        joiner_state_topic=kafka_topic(partitions=3, **{"cleanup.policy": "compact"}),
         poll_timeout_ms=200,
         connect_timeout_ms=5_000,
     )

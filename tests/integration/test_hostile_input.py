@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from pipeline.core.config import KafkaConfig
+from pipeline.core.config import Config, KafkaConfig
+from pipeline.daemons.joiner_state import committed_states, state_topic
 from pipeline.kafka.io import ensure_topics
 from tests.hostile import RAW_DEVICE, RAW_IP, corpus
 
@@ -57,6 +58,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
         examples_topic=f"hostile-examples-{tag}",
         dead_letter_topic=f"hostile-dead-{tag}",
         partitions=1,
+        group_id_prefix=f"hostile-{tag}",
     )
     ensure_topics(k, [k.impressions_topic, k.clicks_topic], 1)
     now = int(time.time() * 1000)
@@ -77,7 +79,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
         "CTR_KAFKA_EXAMPLES_TOPIC": k.examples_topic,
         "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
         "CTR_KAFKA_PARTITIONS": "1",
-        "CTR_KAFKA_GROUP_ID_PREFIX": f"hostile-{tag}",
+        "CTR_KAFKA_GROUP_ID_PREFIX": k.group_id_prefix,
         "CTR_DAEMON_STATE_DIR": str(tmp_path / "state"),
         "CTR_DAEMON_REDIS_URL": services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
         "CTR_FEATURES_PROJECT": f"hostile_{tag}",
@@ -114,9 +116,10 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     assert not [d for d in letters if RAW_IP in d["raw"] or RAW_DEVICE in d["raw"]]  # nor a device id or IP
     assert sum('"device_ip":"d_' in d["raw"] for d in letters) > 100  # pseudonymized, not dropped
 
-    # the documented joiner rules, from the checkpoint's counters
-    state = json.loads((tmp_path / "state" / "joiner" / "p0.json").read_text())
-    stats = state["joiner"]["stats"]
+    # the documented joiner rules, from the counters of its committed state
+    cfg = Config()
+    cfg.kafka = k
+    stats = committed_states(cfg)[0]["joiner"]["stats"]
     assert stats["duplicate_impressions"] == c.fates["duplicate_impression"]
     assert stats["duplicate_clicks"] == c.fates["duplicate_click"]
     assert stats["early_clicks"] == len(c.unknown_clicks) == c.fates["unknown_impression"]
@@ -128,5 +131,5 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
     positives = {e["impression"]["impression_id"] for e in examples if e["label"] == 1}
     assert positives == {i for i in closed if int(i.removeprefix("imp")) % 10 == 0}
     kafka_admin.delete_topics(  # type: ignore[attr-defined]
-        [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
+        [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic, state_topic(cfg)]
     )

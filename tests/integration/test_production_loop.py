@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
+from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.kafka.io import ensure_topics, publish_stream
 from pipeline.kafka.read import read_to_end
@@ -106,11 +109,11 @@ class Run:
             **extra,
         }
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{args[0]}-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.ops.cli", *args],
-            env=self.env(),
+            env=self.env(**env),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -175,8 +178,6 @@ def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
 
 
 def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dict[str, float]]]:
-    from features.store import OnlineFeatureReader, connect_store
-
     reader = OnlineFeatureReader(connect_store(r.tmp / "state" / "joiner" / "feast"))
     return [reader.get(u, items) for u in users]
 
@@ -299,6 +300,49 @@ def test_two_joiners_in_one_group_produce_what_one_produces(
     finish(second)
     examples, _ = run.examples()
     assert_same_examples(examples, reference[1])
+
+
+@pytest.mark.faults
+def test_a_joiner_machine_lost_for_good_loses_and_duplicates_nothing(
+    run: Run, reference: tuple[Run, dict[str, bytes]], fault_report: Callable[..., None]
+) -> None:
+    """Two joiner "machines" (processes with their own state folders) in one group; one is killed
+    for good mid-stream; the other takes its partitions, restoring their state from the changelog."""
+    ref_run, ref_examples = reference
+    doomed = run.start("-v", "joiner", CTR_DAEMON_STATE_DIR=str(run.tmp / "machine-a"))  # -v: tasks opened
+    survivor = run.start(
+        "-v", "joiner", "--exit-when-idle", "20", CTR_DAEMON_STATE_DIR=str(run.tmp / "machine-b")
+    )
+    wait_for_examples(run, 90_000)
+    doomed.send_signal(signal.SIGKILL)  # never restarted: its folder is gone with its machine
+    doomed.wait()
+    shutil.rmtree(run.tmp / "machine-a")
+    finish(survivor)
+    examples, repeats = run.examples()  # repeats are allowed only as byte-identical copies
+    lost = len(ref_examples.keys() - examples.keys())
+    changed = sum(examples[i] != ref_examples[i] for i in ref_examples.keys() & examples.keys())
+    invented = len(examples.keys() - ref_examples.keys())
+
+    def opened(proc: subprocess.Popen[bytes], how: str) -> set[str]:
+        log = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+        return set(re.findall(rf"task for partition (\d+) {how}", log))
+
+    # partitions the lost machine worked on, then the survivor opened from their committed state
+    took_over = len(opened(doomed, "(?:started|restored)") & opened(survivor, "restored"))
+    fault_report(
+        "joiner machine lost for good (2 joiners)",
+        1,
+        int(took_over > 0 and lost == 0),
+        lost,
+        changed + invented,
+        f"{took_over} tasks restored from the changelog, {repeats} byte-identical replays",
+    )
+    assert took_over > 0, Path(survivor.log_path).read_text()[-3000:]  # type: ignore[attr-defined]
+    assert_same_examples(examples, ref_examples)
+    users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
+    items = [f"item-{i}@p{p}" for i in range(5) for p in range(PARTITIONS)]
+    survivor_features = OnlineFeatureReader(connect_store(run.tmp / "machine-b" / "joiner" / "feast"))
+    assert [survivor_features.get(u, items) for u in users] == online_features(ref_run, users, items)
 
 
 def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(

@@ -32,6 +32,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from pipeline.core.config import Config, KafkaConfig
+from pipeline.daemons.joiner_state import committed_states
 from pipeline.kafka.io import ensure_topics, publish_stream
 from pipeline.ops.deploy import Installer, InstallOptions, parse_env_file
 from pipeline.sources.simulator import Simulator
@@ -129,6 +130,7 @@ class Deployment:
             clicks_topic=f"sd-clicks-{t}",
             examples_topic=f"sd-examples-{t}",
             dead_letter_topic=f"sd-dead-{t}",
+            group_id_prefix=f"sd-{t}",
         )
 
     def install(self) -> Installer:
@@ -144,7 +146,7 @@ class Deployment:
             "CTR_KAFKA_EXAMPLES_TOPIC": k.examples_topic,
             "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
             "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
-            "CTR_KAFKA_GROUP_ID_PREFIX": f"sd-{self.tag}",
+            "CTR_KAFKA_GROUP_ID_PREFIX": k.group_id_prefix,
             "CTR_DAEMON_REDIS_URL": self.services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15",
             "CTR_DAEMON_CHECKPOINT_EVERY_S": "2",
             "CTR_FEATURES_PROJECT": f"sd_{self.tag}",
@@ -315,16 +317,17 @@ def test_joiner_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, n
     finally:
         if proc.poll() is None:
             proc.kill()
-    # offsets committed exactly where the checkpoints say: a restart resumes there
+    # offsets committed exactly where the committed state says: a restart resumes there
     group = f"sd-{deployment.tag}-joiner"
-    state = deployment.state / "joiner"
     k = deployment.kafka
     topic_of = {"impression": k.impressions_topic, "click": k.clicks_topic}
-    checkpointed = {}
-    for f in state.glob("p*.json"):
-        p = int(f.stem[1:])
-        for kind, off in json.loads(f.read_text())["next_offsets"].items():
-            checkpointed[f"{topic_of[kind]}:{p}"] = off
+    cfg = Config()
+    cfg.kafka = k
+    checkpointed = {
+        f"{topic_of[kind]}:{p}": off
+        for p, state in committed_states(cfg).items()
+        for kind, off in state["next_offsets"].items()
+    }
     assert checkpointed and deployment.committed(group, list(topic_of.values())) == checkpointed
     # a restart finishes the stream: every expected example exactly once (the stop left no replay)
     again = deployment.start(unit, notify, "--exit-when-idle", "8")

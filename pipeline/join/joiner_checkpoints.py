@@ -1,0 +1,138 @@
+"""The joiner's checkpoints: its whole state as one document (:meth:`JoinerCheckpoints.to_state`), or
+per user for a changelog (:meth:`JoinerCheckpoints.entries`, see :mod:`pipeline.join.task_records`).
+
+A base of :class:`pipeline.join.joiner.Joiner`, kept apart so that the join rules read on their own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.events import Click, Impression
+from pipeline.join.stats import JoinStats, Rejection
+
+__all__ = ["JoinerCheckpoints"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    impression: Impression
+    features: dict[str, float]
+    click_ts: int | None = None  # event time of the attributed click, if any
+    as_dict: dict[str, Any] | None = None  # impression.to_dict(), kept: every checkpoint writes it
+    entry: bytes | None = None  # its changelog entry (Joiner.entries), kept until the click changes it
+
+
+class JoinerCheckpoints:
+    """State methods of :class:`pipeline.join.joiner.Joiner` (which sets every attribute used here)."""
+
+    max_ts: int
+    stats: JoinStats
+    changed: set[str] | None
+    _owned: dict[str, dict[str, None]]
+    _loaded_owners: dict[str, str]
+    _pending: dict[str, _Pending]
+    _pending_heap: list[tuple[int, str]]
+    _early: dict[str, Click]
+    _early_heap: list[tuple[int, str]]
+    _done: dict[str, int]
+    _done_heap: list[tuple[int, str]]
+    _out: list[Any]
+    _rejected: list[Rejection]
+    _window: int
+    _hold: int
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-serialisable state; undrained output must be drained (and made durable) first."""
+        return {
+            **self.header(),
+            "pending": [[_as_dict(p), p.features, p.click_ts] for p in self._pending.values()],
+            "early": [c.to_dict() for c in self._early.values()],
+            "done": self._done,
+        }
+
+    def header(self) -> dict[str, Any]:
+        """The state besides the impressions held: watermark and counters."""
+        if self._out or self._rejected:
+            raise RuntimeError("Joiner: drain() and drain_rejected() before checkpointing")
+        return {"max_ts": self.max_ts, "stats": self.stats.as_dict()}
+
+    def track_changes(self, everything: bool = False) -> None:
+        """Remember from now on which users' entries change (incremental checkpoints);
+        ``everything``: every user held now counts as changed (the first checkpoint writes them all)."""
+        self._owned = {}
+        owners, self._loaded_owners = self._loaded_owners, {}
+        for iid in self._done:  # "": a finalised id of a whole-state checkpoint, whose user it lacks
+            self._owned.setdefault(owners.get(iid, ""), {})[iid] = None
+        for iid, p in self._pending.items():
+            self._owned.setdefault(p.impression.user_id, {})[iid] = None
+        for iid, c in self._early.items():
+            self._owned.setdefault(c.user_id, {})[iid] = None
+        self.changed = set(self._owned) if everything else set()
+
+    def _own(self, user: str, iid: str) -> None:
+        self._owned.setdefault(user, {})[iid] = None
+        self.changed.add(user)  # type: ignore[union-attr]  # only called when tracking
+
+    def entries(self, user: str) -> list[bytes]:
+        """What the joiner holds of ``user``'s impressions, as JSON changelog entries: ``["p",
+        impression, features, click_ts]`` pending, ``["e", click]`` an early click waiting,
+        ``["d", impression_id, forget_at]`` finalised (forget_at negative for a positive).
+
+        A pending entry stays as written after its window closes and a finalised one after its
+        horizon passes: the header's watermark says which
+        (:func:`pipeline.join.task_records.state_from_records`), so neither needs a write of its own.
+        Ids of other users' entries (a reused id) are pruned."""
+        owned = self._owned.get(user)
+        if not owned:
+            return []
+        out: list[bytes] = []
+        for iid in list(owned):
+            pending = self._pending.get(iid)
+            if pending is not None and pending.impression.user_id == user:
+                if pending.entry is None:
+                    entry = ["p", _as_dict(pending), pending.features, pending.click_ts]
+                    pending.entry = json.dumps(entry, separators=(",", ":")).encode()
+                out.append(pending.entry)
+                continue
+            click = self._early.get(iid)
+            if click is not None and click.user_id == user:
+                out.append(json.dumps(["e", click.to_dict()], separators=(",", ":")).encode())
+                continue
+            done = self._done.get(iid)
+            if done is not None and pending is None and click is None:
+                out.append(json.dumps(["d", iid, done], separators=(",", ":")).encode())
+                continue
+            del owned[iid]  # forgotten, or another user's now
+        if not owned:
+            del self._owned[user]
+        return out
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`to_state` output into a fresh joiner (same config)."""
+        self.max_ts = state["max_ts"]
+        self.stats = JoinStats(**state["stats"])
+        self._pending.clear()
+        self._pending_heap.clear()
+        for imp_d, feats, click_ts in state["pending"]:
+            imp = Impression.from_dict(imp_d)
+            self._pending[imp.impression_id] = _Pending(imp, feats, click_ts)
+            self._pending_heap.append((imp.ts + self._window, imp.impression_id))
+        heapq.heapify(self._pending_heap)
+        self._early = {c["impression_id"]: Click(**c) for c in state["early"]}
+        self._early_heap = [(c.ts + self._hold, iid) for iid, c in self._early.items()]
+        heapq.heapify(self._early_heap)
+        self._done = dict(state["done"])
+        self._loaded_owners = dict(state.get("owners", {}))  # for track_changes
+        self._done_heap = [(abs(v), iid) for iid, v in self._done.items()]
+        heapq.heapify(self._done_heap)
+
+
+def _as_dict(pending: _Pending) -> dict[str, Any]:
+    """The pending impression as a dict, built once (a checkpoint writes every pending impression)."""
+    if pending.as_dict is None:
+        pending.as_dict = pending.impression.to_dict()
+    return pending.as_dict

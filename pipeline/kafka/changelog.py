@@ -1,0 +1,165 @@
+"""A compacted Kafka changelog topic, written in transactions: where the joiner's tasks keep their state.
+
+Kafka Streams' way of keeping a task's state off the machine it runs on, with kafka-python's
+transactions (KIP-98) and group-fenced offset commits (KIP-447); ``docs/state-engines.md`` says why
+the joiner does not use a stream engine's state stores (Quix Streams, PyFlink) instead:
+
+- **Write** (:meth:`Changelog.commit`): one transaction holds the changed records of every task
+  (task ``p`` writes partition ``p``) *and* the consumer group's input offsets. Either all of it
+  is visible or none: a state record never describes input whose offsets were not committed.
+  A process that lost its partitions in a rebalance is fenced by its stale group generation, so
+  its late transaction aborts instead of mixing into the next owner's state.
+- **Read** (:meth:`Changelog.read`): the latest committed value of every key of one partition
+  (``read_committed``: open and aborted transactions are invisible), which is what log compaction
+  keeps. The group consumer of the next owner reads its committed offsets with ``require_stable``
+  (kafka-python does when ``isolation_level="read_committed"``), so it waits for a transaction
+  still open on those partitions to end before it restores.
+
+The transactional id is stable per process slot (``<group>-<host>-<slot>``, see
+:func:`pipeline.core.checkpoints.claim_slot`): a process restarted after ``kill -9`` aborts its
+predecessor's open transaction at once; a machine lost for good holds its partitions' next owner
+back at most ``transaction_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
+
+from pipeline.core.config import KafkaConfig
+from pipeline.kafka.client import connect, ensure_topics
+
+__all__ = ["COMPACTED", "Changelog", "Records"]
+
+log = logging.getLogger(__name__)
+Records = list[tuple[bytes, bytes | None]]  # (key, value or None for a tombstone)
+# Compacted; small segments so that compaction (which never touches the active segment) keeps a
+# restore close to the state's size; tombstones kept a day (a restore seeing a key's deletion).
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.bytes": str(64 << 20),
+    "min.cleanable.dirty.ratio": "0.5",
+    "delete.retention.ms": str(24 * 3_600_000),
+}
+
+
+class Changelog:
+    """``topic``'s partitions, one per task; see the module docstring."""
+
+    def __init__(self, cfg: KafkaConfig, topic: str, partitions: int, transactional_id: str) -> None:
+        self.cfg, self.topic, self.transactional_id = cfg, topic, transactional_id
+        ensure_topics(cfg, [topic], partitions, configs=COMPACTED)
+        self._producer: KafkaProducer | None = None
+        self.records_written = 0  # over this process's life (a metric)
+
+    def partition_count(self) -> int:
+        consumer = self._consumer()
+        try:
+            return len(consumer.partitions_for_topic(self.topic) or ())
+        finally:
+            consumer.close()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _transactional(self) -> KafkaProducer:
+        if self._producer is None:
+            producer = connect(
+                KafkaProducer,
+                self.cfg,
+                f"changelog {self.topic!r}",
+                transactional_id=self.transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=self.cfg.linger_ms,
+                batch_size=self.cfg.producer_batch_bytes,
+                compression_type=self.cfg.compression_type or None,
+                transaction_timeout_ms=self.cfg.transaction_timeout_ms,
+                delivery_timeout_ms=self.cfg.delivery_timeout_ms,
+                max_block_ms=self.cfg.request_timeout_ms,
+            )
+            try:  # aborts whatever a predecessor with this id left open
+                producer.init_transactions()
+            except BaseException:
+                producer.close(timeout=0)
+                raise
+            self._producer = producer
+        return self._producer
+
+    def commit(self, records: Mapping[int, Records], offsets: Mapping[Any, Any], group_metadata: Any) -> int:
+        """Write ``records`` (``{partition: records}``) and commit the group's ``offsets`` in one
+        transaction; returns how many records. Raises (a ``KafkaError``) if the transaction did not
+        commit: then none of it is visible, and the next call starts a fresh producer."""
+        producer = self._transactional()
+        n = sum(len(r) for r in records.values())
+        try:
+            producer.begin_transaction()
+            for partition, recs in records.items():
+                for key, value in recs:
+                    producer.send(self.topic, key=key, value=value, partition=partition)
+            producer.flush(timeout=self.cfg.transaction_timeout_ms / 1000)  # raises on a timeout
+            if offsets:
+                producer.send_offsets_to_transaction(dict(offsets), group_metadata)
+            producer.commit_transaction()
+        except BaseException:
+            self.reset()
+            raise
+        self.records_written += n
+        return n
+
+    def reset(self) -> None:
+        """Drop the producer (after a failure); the next commit's ``init_transactions`` aborts its
+        open transaction, if the broker has not already."""
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:  # already broken: nothing more to release
+                log.debug("changelog: closing a failed producer", exc_info=True)
+            self._producer = None
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+            self._producer = None
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _consumer(self) -> KafkaConsumer:
+        return connect(
+            KafkaConsumer,
+            self.cfg,
+            f"changelog {self.topic!r}",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            check_crcs=self.cfg.check_crcs,
+            max_poll_records=max(self.cfg.max_poll_records, 10_000),
+        )
+
+    def read(self, partition: int, timeout_s: float = 600.0) -> dict[bytes, bytes]:
+        """The latest committed value of every key of ``partition`` (tombstoned keys left out)."""
+        consumer = self._consumer()
+        tp = TopicPartition(self.topic, partition)
+        try:
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp], timeout_ms=self.cfg.request_timeout_ms)[tp]  # stable offset
+            latest: dict[bytes, bytes] = {}
+            deadline = time.monotonic() + timeout_s
+            while consumer.position(tp, timeout_ms=self.cfg.request_timeout_ms) < end:
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(
+                        f"changelog {self.topic}:{partition}: not read to offset {end} "
+                        f"within {timeout_s:.0f} s"
+                    )
+                for recs in consumer.poll(timeout_ms=500).values():
+                    for r in recs:
+                        if r.value is None:
+                            latest.pop(r.key, None)
+                        else:
+                            latest[r.key] = r.value
+            return latest
+        finally:
+            consumer.close(autocommit=False)

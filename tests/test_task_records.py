@@ -1,0 +1,149 @@
+"""A partition task's state as changelog records: a restore from the latest record of every key is
+the task that wrote them, and a checkpoint writes only what changed."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pipeline.core.config import Config
+from pipeline.core.events import Click, Impression
+from pipeline.join.partition_task import PartitionTask
+from pipeline.join.task_records import changes, state_from_records, track
+from tests.test_partition_task import T0, play, streams
+
+
+def compacted(log: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]) -> None:
+    """What log compaction keeps: the latest value of every key, tombstones removed."""
+    for key, value in records:
+        if value is None:
+            log.pop(key, None)
+        else:
+            log[key] = value
+
+
+def checkpoint(task: PartitionTask, log: dict[bytes, bytes]) -> list[tuple[bytes, bytes | None]]:
+    task.drain()  # the daemon sends the examples and pushes the changed rows first
+    task.joiner.drain_rejected()
+    task.features.drain_dirty()
+    records = changes(task)
+    compacted(log, records)
+    return records
+
+
+def canonical(state: dict) -> str:
+    """``to_state`` with its lists in a fixed order (dict order is not part of the state)."""
+    state = json.loads(json.dumps(state))
+    state["joiner"].pop("owners", None)  # whose finalised ids: the changelog bookkeeping
+    state["joiner"]["pending"].sort(key=lambda p: p[0]["impression_id"])
+    state["joiner"]["early"].sort(key=lambda c: c["impression_id"])
+    return json.dumps(state, sort_keys=True)
+
+
+@pytest.mark.parametrize("stop_after", [3, 20, 45])
+def test_a_task_restored_from_its_records_continues_exactly(stop_after: int) -> None:
+    imps, clicks = streams()
+    whole = play(PartitionTask(Config(), 0), imps, clicks, seed=1)
+
+    first = PartitionTask(Config(), 0)
+    track(first)
+    log: dict[bytes, bytes] = {}
+    got: list = []
+    rng = random.Random(7)
+    i = c = 0
+    for step in range(stop_after):
+        got += play(first, imps, clicks, seed=step, start=(i, c), stop_after=1)
+        i, c = first.streams["impression"].offered_upto, first.streams["click"].offered_upto
+        if rng.random() < 0.5:  # a checkpoint after some polls, not others
+            checkpoint(first, log)
+    checkpoint(first, log)
+
+    state = state_from_records(log, Config().joiner)
+    assert state is not None
+    assert canonical(state) == canonical(first.to_state())
+    second = PartitionTask(Config(), 0)
+    second.load_state(state, Config())
+    offsets = state["next_offsets"]
+    got += play(second, imps, clicks, seed=2, start=(offsets["impression"], offsets["click"]))
+    assert got == whole
+
+
+def test_a_checkpoint_writes_the_users_and_items_that_changed_not_the_whole_state() -> None:
+    rng = random.Random(3)
+    task = PartitionTask(Config(), 0)
+    track(task)
+    log: dict[bytes, bytes] = {}
+    for k in range(5_000):  # 5,000 users, one impression each: a state of 5,000 user records
+        imp = Impression(f"i{k}", T0 + k * 100, f"u_{k}", f"ad{rng.randrange(50)}", {"s": "x"})
+        task.offer("impression", k, imp)
+    task.run(now=1e12)
+    first = checkpoint(task, log)
+    assert len(first) == 5_000 + 50 + 1  # every user, every item, the header
+    assert checkpoint(task, log) == [first[-1]]  # nothing changed: the header alone
+    for k in range(5_000, 5_010):  # ten more impressions of three users
+        imp = Impression(f"i{k}", T0 + k * 100, f"u_{k % 3}", "ad1", {"s": "x"})
+        task.offer("impression", k, imp)
+    task.run(now=1e12)
+    assert [key for key, _ in checkpoint(task, log)] == [b"uu_0", b"uu_1", b"uu_2", b"iad1@p0", b"m"]
+
+
+def hostile_streams(n: int = 3_000) -> tuple[list[Impression], list[Click]]:
+    """Duplicates (soon and past the dedup horizon), clicks before their impression, clicks of
+    another user, clicks of no impression, long event-time gaps: every branch of the joiner."""
+    rng = random.Random(11)
+    imps: list[Impression] = []
+    clicks: list[Click] = []
+    ts = T0
+    for k in range(n):
+        ts += rng.choice([1_000, 3_000, 20_000, 600_000, 5_400_000]) if k % 97 == 0 else 2_000
+        user = f"u_{rng.randrange(40)}"
+        iid = f"i{k}" if rng.random() > 0.05 or not imps else rng.choice(imps).impression_id
+        imps.append(Impression(iid, ts, user, f"ad{rng.randrange(9)}", {"s": "x"}))
+        r = rng.random()
+        if r < 0.15:
+            clicks.append(Click(f"c{k}", iid, ts + rng.randrange(-5_000, 1_200_000), user))
+        elif r < 0.17:
+            clicks.append(Click(f"c{k}", iid, ts + 1_000, f"u_{rng.randrange(40)}"))  # maybe not the user
+        elif r < 0.18:
+            clicks.append(Click(f"c{k}", f"nothing{k}", ts, user))  # orphan
+    clicks.sort(key=lambda c: c.ts)
+    return imps, clicks
+
+
+@pytest.mark.parametrize("stop_after", [10, 60, 150])
+def test_restores_hold_for_duplicates_early_orphan_and_foreign_clicks(stop_after: int) -> None:
+    imps, clicks = hostile_streams()
+    whole = play(PartitionTask(Config(), 0), imps, clicks, seed=1)
+    task = PartitionTask(Config(), 0)
+    track(task)
+    log: dict[bytes, bytes] = {}
+    got: list = []
+    for step in range(stop_after):
+        at = task.streams["impression"].offered_upto, task.streams["click"].offered_upto
+        got += play(task, imps, clicks, seed=step, start=at, stop_after=1)
+        if step % 3 == 0:
+            checkpoint(task, log)
+            state = state_from_records(log, Config().joiner)
+            assert state is not None and canonical(state) == canonical(task.to_state())
+    checkpoint(task, log)
+    state = state_from_records(log, Config().joiner)
+    assert state is not None
+    again = PartitionTask(Config(), 0)
+    again.load_state(state, Config())
+    track(again)
+    got += play(
+        again,
+        imps,
+        clicks,
+        seed=5,
+        start=(state["next_offsets"]["impression"], state["next_offsets"]["click"]),
+    )
+    assert got == whole
+
+
+def test_records_without_a_header_are_refused() -> None:
+    assert state_from_records({}, Config().joiner) is None
+    with pytest.raises(ValueError, match="no header"):
+        state_from_records({b"uu_1": b"[1,2,0,0]"}, Config().joiner)
