@@ -260,9 +260,10 @@ class JsonlConfig(Section):
 
 @dataclass(config=CHECKED, repr=False)
 class DaemonConfig(Section):
-    state_dir: str = "~/.cache/ctr-online/state/daemons"  # checkpoints of the joiner and the trainer
+    # the trainer's checkpoints, the joiner's Feast repository (its state: kafka.joiner_state_topic)
+    state_dir: str = "~/.cache/ctr-online/state/daemons"
     checkpoint_every_s: Seconds = 5.0  # the joiner makes its output durable and commits this often
-    # ... or less often when its state is big: checkpoints take at most this share of the joiner's time
+    # ... or less often when checkpoints are slow: they take at most this share of the joiner's time
     checkpoint_max_share: Share = 0.2
     idle_merge_s: Seconds = 2.0  # a partition's stream silent this long stops holding back the other
     dead_letter_warn_share: Share = 0.05  # the joiner warns when dead letters pass this share of a minute

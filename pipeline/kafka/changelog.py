@@ -15,6 +15,10 @@ the joiner does not use a stream engine's state stores (Quix Streams, PyFlink) i
   (kafka-python does when ``isolation_level="read_committed"``), so it waits for a transaction
   still open on those partitions to end before it restores.
 
+A value larger than :data:`CHUNK` (a very active user's record) is written as several records
+(``key``: a marker and the count, then ``key + b"\\0" + n``), reassembled by :meth:`Changelog.read`:
+Kafka refuses records over ``max.message.bytes`` (1 MB by default). Keys never hold a NUL.
+
 The transactional id is stable per process slot (``<group>-<host>-<slot>``, see
 :func:`pipeline.core.checkpoints.claim_slot`): a process restarted after ``kill -9`` aborts its
 predecessor's open transaction at once; a machine lost for good holds its partitions' next owner
@@ -38,6 +42,8 @@ __all__ = ["COMPACTED", "Changelog", "Records"]
 
 log = logging.getLogger(__name__)
 Records = list[tuple[bytes, bytes | None]]  # (key, value or None for a tombstone)
+CHUNK = 500_000  # bytes: the most one record carries (Kafka's default limit is 1 MB a record)
+_CHUNKED = b"\0"  # first byte of a chunked value's first record (a JSON value never starts so)
 # Compacted; small segments so that compaction (which never touches the active segment) keeps a
 # restore close to the state's size; tombstones kept a day (a restore seeing a key's deletion).
 COMPACTED = {
@@ -56,6 +62,7 @@ class Changelog:
         ensure_topics(cfg, [topic], partitions, configs=COMPACTED)
         self._producer: KafkaProducer | None = None
         self.records_written = 0  # over this process's life (a metric)
+        self._chunks: dict[tuple[int, bytes], int] = {}  # (partition, key) -> records of its value
 
     def partition_count(self) -> int:
         consumer = self._consumer()
@@ -98,7 +105,7 @@ class Changelog:
         try:
             producer.begin_transaction()
             for partition, recs in records.items():
-                for key, value in recs:
+                for key, value in self._chunked(partition, recs):
                     producer.send(self.topic, key=key, value=value, partition=partition)
             producer.flush(timeout=self.cfg.transaction_timeout_ms / 1000)  # raises on a timeout
             if offsets:
@@ -109,6 +116,26 @@ class Changelog:
             raise
         self.records_written += n
         return n
+
+    def _chunked(self, partition: int, records: Records) -> Records:
+        """``records`` with every value over :data:`CHUNK` split, and the chunks a value had before
+        and no longer needs deleted."""
+        out: Records = []
+        for key, value in records:
+            had = self._chunks.get((partition, key), 1)
+            n = 1 if value is None or len(value) <= CHUNK else -(-len(value) // CHUNK)
+            if n == 1:
+                out.append((key, value))
+            else:
+                parts = [value[i * CHUNK : (i + 1) * CHUNK] for i in range(n)]  # type: ignore[index]
+                out.append((key, _CHUNKED + n.to_bytes(4, "big") + parts[0]))
+                out += [(key + b"\0" + str(i).encode(), parts[i]) for i in range(1, n)]
+            out += [(key + b"\0" + str(i).encode(), None) for i in range(n, had)]
+            if n > 1:
+                self._chunks[(partition, key)] = n
+            else:
+                self._chunks.pop((partition, key), None)
+        return out
 
     def reset(self) -> None:
         """Drop the producer (after a failure); the next commit's ``init_transactions`` aborts its
@@ -136,6 +163,8 @@ class Changelog:
             isolation_level="read_committed",
             check_crcs=self.cfg.check_crcs,
             max_poll_records=max(self.cfg.max_poll_records, 10_000),
+            max_partition_fetch_bytes=16 << 20,  # a restore reads one partition from its start
+            fetch_max_bytes=64 << 20,
         )
 
     def read(self, partition: int, timeout_s: float = 600.0) -> dict[bytes, bytes]:
@@ -160,6 +189,17 @@ class Changelog:
                             latest.pop(r.key, None)
                         else:
                             latest[r.key] = r.value
-            return latest
+            return self._joined(partition, latest)
         finally:
             consumer.close(autocommit=False)
+
+    def _joined(self, partition: int, latest: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        """``latest`` with every chunked value put back together (and its chunk count remembered)."""
+        self._chunks = {pk: n for pk, n in self._chunks.items() if pk[0] != partition}
+        for key in [k for k, v in latest.items() if v[:1] == _CHUNKED]:
+            first = latest[key]
+            n = int.from_bytes(first[1:5], "big")
+            rest = [latest.pop(key + b"\0" + str(i).encode()) for i in range(1, n)]
+            latest[key] = first[5:] + b"".join(rest)
+            self._chunks[(partition, key)] = n
+        return latest

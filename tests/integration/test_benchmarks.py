@@ -52,6 +52,17 @@ def test_scaleout_benchmark_splits_the_stream_among_joiner_processes(services, t
     assert all(p["events"] > 0 for p in r["2"]["per_process"])
 
 
+def test_scaleout_benchmark_measures_checkpoints_and_restores_against_state_size(services, tmp_path):
+    out = tmp_path / "scaleout.json"
+    run_benchmark("scaleout.py", "--quick", "--parts", "state", "--out", str(out), timeout=600)
+    row = json.loads(out.read_text())["state"]["sizes"]["2000"]
+    assert row["after"]["restore_records"] == 2_000 + 50 + 1  # every user, every item, the header
+    assert (
+        0 < row["after"]["checkpoint_records"] <= 2_000 + 50 + 1 == row["after"]["first_checkpoint_records"]
+    )
+    assert row["before"]["file_mb"] > 0 and row["before"]["checkpoint_s"] > 0
+
+
 @pytest.mark.slow
 def test_freshness_benchmark_measures_every_block(services, tmp_path, monkeypatch):
     # every block published: a refused one would leave fewer than 5 versions (the script then fails)
