@@ -99,9 +99,13 @@ class Joiner(JoinerCheckpoints):
         forgotten) before the event is handled, so what an event meets (a duplicate id still
         remembered, an impression still open for its click) depends on the events before it, never
         on where a batch happened to end (which a replay does not reproduce)."""
-        if event.ts > self.max_ts:
-            self.max_ts = event.ts
-            self.advance()
+        ts = event.ts
+        if ts > self.max_ts:
+            self.max_ts = ts
+            wm = ts - self._lag  # advance(), when something is due (most events find nothing)
+            p, e, d = self._pending_heap, self._early_heap, self._done_heap
+            if (p and p[0][0] < wm) or (e and e[0][0] < wm) or (d and d[0][0] < wm):
+                self.advance(wm)
         if isinstance(event, Impression):
             self._impression(event)
         else:
