@@ -16,6 +16,7 @@ read once when the changelog has nothing for ``p``; the first checkpoint then wr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import socket
 import time
@@ -59,8 +60,10 @@ class TaskStates:
     ) -> None:
         self.cfg, self.source, self.topic_of, self.folder = cfg, source, topic_of, folder
         k = cfg.kafka
-        slot = claim_slot(folder, "instance")  # stable across restarts in this folder (see changelog)
-        member = k.group_instance_id or socket.gethostname()
+        # stable across restarts in this folder, unique among the processes alive on this host
+        slot = claim_slot(folder, "instance")
+        where = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
+        member = k.group_instance_id or f"{socket.gethostname()}-{where}"
         self.changelog = Changelog(
             k, state_topic(cfg), partitions, f"{k.group_id_prefix}-joiner-{member}-{slot}"
         )

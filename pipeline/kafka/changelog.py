@@ -19,8 +19,9 @@ A value larger than :data:`CHUNK` (a very active user's record) is written as se
 (``key``: a marker and the count, then ``key + b"\\0" + n``), reassembled by :meth:`Changelog.read`:
 Kafka refuses records over ``max.message.bytes`` (1 MB by default). Keys never hold a NUL.
 
-The transactional id is stable per process slot (``<group>-<host>-<slot>``, see
-:func:`pipeline.core.checkpoints.claim_slot`): a process restarted after ``kill -9`` aborts its
+The transactional id is stable per state folder and slot and unique among live processes
+(``<group>-joiner-<host>-<folder hash>-<slot>``, see :mod:`pipeline.daemons.joiner_state`; two
+processes with one id would fence each other's transactions): a process restarted after ``kill -9`` aborts its
 predecessor's open transaction at once; a machine lost for good holds its partitions' next owner
 back at most ``transaction_timeout_ms``.
 """
