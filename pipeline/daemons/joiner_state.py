@@ -74,8 +74,6 @@ class TaskStates:
                 f"{partitions}: task p keeps its state in partition p; give it {partitions} partitions "
                 "(or a new kafka.joiner_state_topic)"
             )
-        self.restores: list[tuple[int, int, float]] = []  # (partition, records, seconds) per open
-        self.last_written = 0  # records of the last checkpoint
 
     def open(self, partition: int) -> tuple[PartitionTask, dict[str, int] | None]:
         """The task of ``partition`` as last committed, and per stream its next offset (None: new)."""
@@ -91,7 +89,6 @@ class TaskStates:
             task.load_state(state, self.cfg)
         track(task, everything=legacy)
         seconds = time.monotonic() - started
-        self.restores.append((partition, len(latest), seconds))
         log.info(
             "joiner: task for partition %d %s (%d state records, %.2f s)",
             partition,
@@ -123,15 +120,13 @@ class TaskStates:
             log.warning("joiner: partitions moved before the checkpoint; tasks reopen from the changelog")
             return None
         records = {p: changes(t) for p, t in sorted(tasks.items())}
-        written: dict[str, Any] = {}
 
         def transaction(offsets: dict[Any, Any], group_metadata: Any) -> None:
-            written["n"] = self.changelog.commit(records, offsets, group_metadata)
+            self.changelog.commit(records, offsets, group_metadata)
 
         committed = self.source.commit(snapshot, transaction=transaction)
         if snapshot and committed != snapshot:  # moved in between: the transaction never ran
             return None
-        self.last_written = written.get("n", 0)
         return committed
 
     def close(self) -> None:

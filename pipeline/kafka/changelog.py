@@ -62,7 +62,6 @@ class Changelog:
         self.cfg, self.topic, self.transactional_id = cfg, topic, transactional_id
         ensure_topics(cfg, [topic], partitions, configs=COMPACTED)
         self._producer: KafkaProducer | None = None
-        self.records_written = 0  # over this process's life (a metric)
         self._chunks: dict[tuple[int, bytes], int] = {}  # (partition, key) -> records of its value
 
     def partition_count(self) -> int:
@@ -115,7 +114,6 @@ class Changelog:
         except BaseException:
             self.reset()
             raise
-        self.records_written += n
         return n
 
     def _chunked(self, partition: int, records: Records) -> Records:
