@@ -48,6 +48,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from pipeline.core.checkpoints import file_lock
 from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.example_records import lines
 from pipeline.kafka.io import KafkaSink, RateLimiter, ensure_topics
 from pipeline.sources.simulator import Simulator
 from serving_bridge.server import kafka_partition
@@ -180,23 +181,29 @@ def env_for(
     }
 
 
-def last_examples(
-    bootstrap: str, topic: str, offsets_to: dict[str, int], offsets_from: dict[str, int]
-) -> list[Any]:
-    """The block's last example of each examples partition (offset ``to - 1``), as Kafka records."""
+def last_examples(bootstrap: str, topic: str, position: dict[str, Any]) -> list[tuple[bytes, int]]:
+    """The block's last example of each examples partition, with its record's timestamp (ms).
+
+    ``position``: the block's lineage position (:func:`pipeline.kafka.example_records.lineage`):
+    the last example is line ``lines_to - 1`` of record ``offsets_to``, or the last line of the
+    record before it when that record was read whole."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    start, end = position["kafka_offsets_from"], position["kafka_offsets_to"]
+    lines_from, lines_to = position.get("kafka_lines_from", {}), position.get("kafka_lines_to", {})
     out = []
     try:
-        for key, to in offsets_to.items():
-            if to <= offsets_from.get(key, 0):
+        for key, to in end.items():
+            line = lines_to.get(key, 0)
+            if (to, line) <= (start.get(key, 0), lines_from.get(key, 0)):
                 continue
             tp = TopicPartition(topic, int(key.rsplit(":", 1)[1]))
             consumer.assign([tp])
-            consumer.seek(tp, to - 1)
+            consumer.seek(tp, to if line else to - 1)
             for _ in range(20):
                 recs = consumer.poll(timeout_ms=500).get(tp, [])
                 if recs:
-                    out.append(recs[0])
+                    values = lines(recs[0].value)
+                    out.append((values[line - 1] if line else values[-1], recs[0].timestamp))
                     break
     finally:
         consumer.close()
@@ -282,14 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                 lineage = store.lineage(v)
                 pos = json.loads(lineage["position"])
                 closing, last_imp, emitted = [], [], []
-                for rec in last_examples(
-                    urls["kafka"], k.examples_topic, pos["kafka_offsets_to"], pos["kafka_offsets_from"]
-                ):
-                    iid = json.loads(rec.value)["impression"]["impression_id"]
+                for value, stamp in last_examples(urls["kafka"], k.examples_topic, pos):
+                    iid = json.loads(value)["impression"]["impression_id"]
                     p, ts, sent = producer.impressions[iid]
                     closing.append(producer.closing_event_sent(p, ts + int((WINDOW_S + LAG_S) * 1000)))
                     last_imp.append(sent)
-                    emitted.append(rec.timestamp / 1000)
+                    emitted.append(stamp / 1000)
                 mv = store.client.get_model_version(store.name, v)
                 run_start = store.client.get_run(mv.run_id).info.start_time / 1000
                 served = poller.all_serving(int(v))

@@ -41,7 +41,8 @@ from pipeline.sources.simulator import Simulator
 
 
 class ExampleCount:
-    """The examples topic's total end offset (one consumer, polled by the caller)."""
+    """The examples topic's total end offset: its records, each of one or more examples (one
+    consumer, polled by the caller: only whether it grows matters)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)

@@ -227,15 +227,17 @@ def _wait_members(admin: Any, group: str, n: int, timeout_s: float = 180.0) -> N
 
 
 def _examples_span(bootstrap: str, topic: str) -> tuple[int, int, dict[str, int], int]:
-    """First and last record timestamps (ms) of ``topic``, its records per partition, their count."""
+    """First and last record timestamps (ms) of examples topic ``topic``, its examples per partition
+    (lines of its records), their count."""
+    from pipeline.kafka.example_records import lines
     from pipeline.kafka.read import read_to_end
 
     records = read_to_end(bootstrap, topic)
     per: dict[str, int] = {}
     for r in records:
-        per[str(r.partition)] = per.get(str(r.partition), 0) + 1
+        per[str(r.partition)] = per.get(str(r.partition), 0) + len(lines(r.value or b""))
     stamps = [r.timestamp for r in records]
-    return min(stamps), max(stamps), dict(sorted(per.items())), len(stamps)
+    return min(stamps), max(stamps), dict(sorted(per.items())), sum(per.values())
 
 
 def main(argv: list[str] | None = None) -> int:

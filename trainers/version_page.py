@@ -166,7 +166,7 @@ def _when(lineage: Mapping[str, Any], key: str) -> str:
 
 
 def _position(position: Any) -> str:
-    """Kafka offsets as ``topic`` p0 100→160 · p1 ...; any other position as compact JSON."""
+    """Kafka offsets as ``topic`` p0 100→160 line 3 · p1 ...; any other position as compact JSON."""
     if isinstance(position, str):
         try:
             position = json.loads(position)
@@ -175,15 +175,20 @@ def _position(position: Any) -> str:
     if not (isinstance(position, Mapping) and isinstance(position.get("kafka_offsets_to"), Mapping)):
         return f"`{json.dumps(position, sort_keys=True, default=str)[:200]}`"
     start, end = position.get("kafka_offsets_from") or {}, position["kafka_offsets_to"]
+    lines = position.get("kafka_lines_from") or {}, position.get("kafka_lines_to") or {}
+
+    def at(offsets: Mapping[str, Any], lines: Mapping[str, Any], tp: str) -> str:
+        return f"{offsets.get(tp, 'start')}" + (f" line {lines[tp]}" if lines.get(tp) else "")
+
     topics: dict[str, list[str]] = {}
     for tp in sorted(end, key=lambda k: (k.rpartition(":")[0], int(k.rpartition(":")[2] or 0))):
         topic, _, partition = tp.rpartition(":")
-        topics.setdefault(topic, []).append(f"p{partition} {start.get(tp, 'start')}→{end[tp]}")
+        topics.setdefault(topic, []).append(f"p{partition} {at(start, lines[0], tp)}→{at(end, lines[1], tp)}")
     parts = []
     for topic, ranges in topics.items():
         more = f" · … {len(ranges) - _MAX_PARTITIONS} more" if len(ranges) > _MAX_PARTITIONS else ""
         parts.append(f"`{topic}` " + " · ".join(ranges[:_MAX_PARTITIONS]) + more)
-    return "; ".join(parts) + " (offsets from → to: the next message to read)"
+    return "; ".join(parts) + " (offsets from → to: the next record to read, and its lines read already)"
 
 
 def describe(

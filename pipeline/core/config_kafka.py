@@ -5,9 +5,9 @@ Its own module only to keep ``config.py`` small; import it from :mod:`pipeline.c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic.dataclasses import dataclass
 
 from pipeline.core.config_types import (
@@ -28,7 +28,10 @@ class KafkaConfig(Section):
     bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
     impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
     clicks_topic: str = "clicks"  # raw clicks, JSON, keyed by user id
-    examples_topic: str = "examples"  # the joiner's labelled examples
+    examples_topic: str = "examples"  # the joiner's labelled examples, as JSON lines
+    # most examples in one record of the examples topic (pipeline.kafka.example_records): records,
+    # not bytes, are what kafka-python pays for; 1 = one example per record, as before 2026-12
+    examples_per_record: Annotated[int, Field(ge=1, le=10_000)] = 500
     dead_letter_topic: str = "dead-letters"  # rejected events with a reason
     partitions: Count = 3  # partitions of the topics ensure_topics creates (same for all: co-partitioning)
     replication_factor: Count = 1  # replicas of the topics ensure_topics creates (3 on a real cluster)

@@ -46,6 +46,7 @@ from pipeline.daemons.joiner_metrics import JoinerMetrics
 from pipeline.daemons.joiner_state import TaskStates
 from pipeline.join.dead_letter_alarm import DeadLetterAlarm
 from pipeline.join.partition_task import PartitionTask
+from pipeline.kafka import example_records
 from pipeline.kafka.io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaEventSource
 
@@ -245,9 +246,10 @@ class JoinerDaemon:
         self.alarm.letter(letter)
 
     def _emit(self, task: PartitionTask) -> None:
-        for ex in task.drain():  # task p's examples on partition p, in its order (see example_merge)
-            self.examples.send(ex.impression.user_id.encode(), ex.to_json(), partition=task.partition)
-            self.counters["examples"] += 1
+        drained = [ex.to_json() for ex in task.drain()]  # task p's, in its order (see example_merge)
+        for value in example_records.records(drained, self.cfg.kafka.examples_per_record):
+            self.examples.send(None, value, partition=task.partition)  # on partition p
+        self.counters["examples"] += len(drained)
         for rej in task.joiner.drain_rejected():
             raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
             self._dead_letter(self.validator.dead_letter(raw, rej.reason, rej.detail))

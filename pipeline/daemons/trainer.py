@@ -2,7 +2,8 @@
 
 Exactly-once effect:
 
-- each example's ``topic:partition`` offset is tracked; a block closes on an exact position, and
+- each example's position (record offset and line, :mod:`pipeline.kafka.example_records`) is
+  tracked per ``topic:partition``; a block closes on an exact position, and
   that position, the champion (weights *and* optimizer state) and the ids seen so far (dedup of the
   joiner's replays) are checkpointed together, then the offsets are committed;
 - a block that passes the gate is checkpointed as *pending* **before** it is registered, and the
@@ -42,6 +43,7 @@ from pipeline.daemons.trainer_metrics import collect, record_block
 from pipeline.daemons.trainer_metrics import declare as declare_metrics
 from pipeline.daemons.trainer_ranks import Leader
 from pipeline.join.example_merge import ExampleMerge
+from pipeline.kafka.example_records import from_offsets, kafka_offsets, lineage
 from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaExampleSource
 from serving_bridge.server import NOTIFY_CHANNEL
@@ -84,7 +86,8 @@ class TrainerDaemon:
             cfg.trainer, store, alias=cfg.registry.champion_alias, champion=champion, resume=False
         )
         self.trainer.blocks = meta.get("blocks", 0)
-        self.pos: dict[str, int] = meta.get("offsets", {})
+        # per partition, the position of the next example (a checkpoint of before 2026-12 has offsets)
+        self.pos: dict[str, int] = meta.get("positions") or from_offsets(meta.get("offsets", {}))
         self._closing_pos: dict[str, int] = {}
         self.block_closed_at = 0.0  # wall time the last block's last example was read
         self.seen: dict[str, int] = meta.get("seen", {})
@@ -93,9 +96,9 @@ class TrainerDaemon:
         self.source = KafkaExampleSource(
             k, group_id=f"{k.group_id_prefix}-trainer", on_revoke=self._on_revoke
         )
-        self.source.seek(self.pos)
+        self.source.seek(kafka_offsets(self.pos))
         self.merge = ExampleMerge(self.source.partition_count(self.source.topic))
-        self._offered: dict[str, int] = {}  # per partition, offsets below this are in the merge already
+        self._offered: dict[str, int] = {}  # per partition, positions below this are in the merge already
         self._arrived: dict[int, float] = {}  # per partition, when an example last arrived
         self.dead = KafkaSink(k, k.dead_letter_topic)
         self.metrics = declare_metrics(Registry())
@@ -110,7 +113,7 @@ class TrainerDaemon:
     # -- checkpoints -----------------------------------------------------------------------------
     def _meta(self, **extra: Any) -> dict[str, Any]:
         return {
-            "offsets": self.pos,
+            "positions": self.pos,
             "seen": self.seen,
             "blocks": self.trainer.blocks,
             "champion_version": self.trainer.champion_version,
@@ -125,7 +128,7 @@ class TrainerDaemon:
         self._save_learner(model)
         pending = {"lineage": {**lineage, "lineage_key": key}, "metrics": metrics}
         meta = self._meta(pending=pending)
-        meta["offsets"] = dict(self._closing_pos)  # the block's end, not what was read after it
+        meta["positions"] = dict(self._closing_pos)  # the block's end, not what was read after it
         meta["champion_version"] = None
         write_json(self.dir / "meta.json", meta)
 
@@ -179,17 +182,15 @@ class TrainerDaemon:
             for batch in self.source.batches():
                 systemd.watchdog()  # training a block happens inside one iteration: WatchdogSec covers it
                 now = time.monotonic()
-                if batch.examples or batch.dead:
-                    last_input = now
+                last_input = now if batch.examples or batch.dead else last_input
                 for letter in batch.dead:
                     self.dead.write(letter)
                     self.counters["dead_letters"] += 1
                     self.dead_reasons[letter.reason] += 1
                 self._offer(batch.examples, batch.where, now)
                 fresh: list[LabelledExample] = []  # handed to the trainer a block boundary at a time
-                for ex, p, offset in self.merge.pop_tagged(functools.partial(self._idle, now=now)):
-                    tp = f"{self.source.topic}:{p}"
-                    self.pos[tp] = offset + 1
+                for ex, p, after in self.merge.pop_tagged(functools.partial(self._idle, now=now)):
+                    self.pos[f"{self.source.topic}:{p}"] = after
                     if ex.example_id in self.seen:
                         self.counters["duplicates"] += 1  # the joiner replayed it after a restart
                         continue
@@ -200,8 +201,7 @@ class TrainerDaemon:
                     if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here
-                        position = {"kafka_offsets_from": block_from, "kafka_offsets_to": dict(self.pos)}
-                        for report in self._add(fresh, position):
+                        for report in self._add(fresh, lineage(block_from, self.pos)):
                             self._block_done(report)
                         block_from, fresh = dict(self.pos), []
                 self._add(fresh)  # fewer than a block: buffered (and encoded) now
@@ -222,20 +222,20 @@ class TrainerDaemon:
             self.leader.add(examples, position)  # the other ranks learn the same, in step
         return self.trainer.add(examples, position=position)
 
-    def _offer(self, examples: list[LabelledExample], where: list[tuple[str, int]], now: float) -> None:
-        """Queue a poll's examples in the merge, each partition's in its order, each offset once."""
+    def _offer(self, examples: list[LabelledExample], where: list[tuple[str, int, int]], now: float) -> None:
+        """Queue a poll's examples in the merge, each partition's in its order, each position once."""
         by_partition: dict[int, tuple[list[LabelledExample], list[int]]] = {}
-        for ex, (tp, offset) in zip(examples, where, strict=True):
-            if offset < max(self.pos.get(tp, 0), self._offered.get(tp, 0)):
+        for ex, (tp, at, after) in zip(examples, where, strict=True):
+            if at < max(self.pos.get(tp, 0), self._offered.get(tp, 0)):
                 continue  # before our checkpoint, or queued already: a rewind re-delivered it
-            self._offered[tp] = offset + 1
+            self._offered[tp] = after
             p = int(tp.rsplit(":", 1)[1])
-            exs, offs = by_partition.setdefault(p, ([], []))
+            exs, afters = by_partition.setdefault(p, ([], []))
             exs.append(ex)
-            offs.append(offset)
+            afters.append(after)
             self._arrived[p] = now
-        for p, (exs, offs) in by_partition.items():
-            self.merge.offer(p, exs, offs)
+        for p, (exs, afters) in by_partition.items():
+            self.merge.offer(p, exs, afters)
 
     def _idle(self, partition: int, now: float) -> bool:
         """Nothing more from ``partition`` for now: silent ``idle_merge_s`` and read to its end."""
@@ -260,7 +260,7 @@ class TrainerDaemon:
         self._prune_seen(report.event_time_max)
         write_json(self.dir / "meta.json", self._meta())
         try:
-            self.source.commit(self.pos)
+            self.source.commit(kafka_offsets(self.pos))
         except KafkaError as exc:  # broker away: harmless, meta.json holds the offsets a restart seeks to
             log.warning("trainer: offset commit failed (%s); the checkpoint holds, next commit retries", exc)
         log.log(  # a refusal is an operator's business: WARNING, with the gate's reason
@@ -273,7 +273,7 @@ class TrainerDaemon:
         )
         self._block_metrics(report)
         publish_quietly(self.store.inner, self.ab, report.index)  # on each served version's run
-        logs.set_context(version=self.trainer.champion_version, offsets=dict(self.pos))
+        logs.set_context(version=self.trainer.champion_version, offsets=kafka_offsets(self.pos))
         systemd.status(
             f"trainer: block {report.index} {'accepted' if report.decision.accepted else 'refused'}; "
             f"champion {self.trainer.champion_version}; {self.counters['examples']} examples"

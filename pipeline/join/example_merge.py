@@ -42,7 +42,7 @@ def _key(item: tuple[LabelledExample, Any], partition: int) -> tuple[int, str, i
 class ExampleMerge:
     """A ``partitions``-way merge of example sequences; see the module docstring.
 
-    Each example may carry a tag (the daemon's Kafka offset), given back by :meth:`pop_tagged`.
+    Each example may carry a tag (the daemon's position after it), given back by :meth:`pop_tagged`.
     """
 
     def __init__(self, partitions: int) -> None:

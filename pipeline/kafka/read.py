@@ -11,7 +11,9 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-__all__ = ["read_to_end"]
+from pipeline.kafka.example_records import lines
+
+__all__ = ["ExampleCounter", "examples_to_end", "read_to_end"]
 
 
 def read_to_end(bootstrap: str, topic: str, timeout_s: float = 300.0) -> list[Any]:
@@ -33,3 +35,34 @@ def read_to_end(bootstrap: str, topic: str, timeout_s: float = 300.0) -> list[An
         return [r for p in sorted(out) for r in out[p]]
     finally:
         consumer.close()
+
+
+def examples_to_end(bootstrap: str, topic: str, timeout_s: float = 300.0) -> list[bytes]:
+    """Every example of an examples topic (each line of every record, as the joiner wrote it), read
+    like :func:`read_to_end`."""
+    return [line for r in read_to_end(bootstrap, topic, timeout_s) for line in lines(r.value or b"")]
+
+
+class ExampleCounter:
+    """How many examples an examples topic holds so far, read incrementally (tests, benchmarks):
+    one assigned consumer from the beginning, every line of every new record counted."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.topic, self.count = topic, 0
+
+    def __call__(self) -> int:
+        """The count after reading what arrived since the last call (0 while the topic is missing)."""
+        if not self.consumer.assignment():
+            parts = self.consumer.partitions_for_topic(self.topic)
+            if not parts:
+                return 0
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            self.consumer.assign(tps)
+            self.consumer.seek_to_beginning(*tps)
+        for records in self.consumer.poll(timeout_ms=200, max_records=100_000).values():
+            self.count += sum(len(lines(r.value or b"")) for r in records)
+        return self.count
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -15,6 +15,8 @@ from kafka.consumer.fetcher import ConsumerRecord
 from pipeline.core.config import KafkaConfig
 from pipeline.core.events import DeadLetter, LabelledExample
 from pipeline.core.types import Clock, EventKind, RawEvent, WallClock
+from pipeline.kafka import example_records
+from pipeline.kafka.example_records import position
 from pipeline.kafka.io import GroupSource
 
 __all__ = ["ExampleBatch", "KafkaEventSource", "KafkaExampleSource", "decode_example"]
@@ -66,16 +68,33 @@ class KafkaEventSource(GroupSource):
 
 @dataclass
 class ExampleBatch:
-    """One poll of the examples topic: decoded examples and the messages that were not examples."""
+    """One poll of the examples topic: decoded examples and the lines that were not examples."""
 
     examples: list[LabelledExample] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
-    where: list[tuple[str, int]] = field(default_factory=list)  # ("topic:partition", offset) per example
+    # per example: "topic:partition", its position and the position after it (example_records)
+    where: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def add(self, r: ConsumerRecord) -> None:
+        """Every line of record ``r``: an example with its position, or a dead letter."""
+        tp = f"{r.topic}:{r.partition}"
+        lines = example_records.lines(r.value or b"")
+        for i, line in enumerate(lines):
+            item = decode_example(r, line, i if len(lines) > 1 else None)
+            if isinstance(item, LabelledExample):
+                self.examples.append(item)
+                after = (r.offset, i + 1) if i + 1 < len(lines) else (r.offset + 1, 0)
+                self.where.append((tp, position(r.offset, i), position(*after)))
+            else:
+                self.dead.append(item)
 
 
-def decode_example(r: ConsumerRecord) -> LabelledExample | DeadLetter:
-    """A :class:`LabelledExample`, or a dead letter saying why the message is not one."""
-    raw = r.value or b""
+def decode_example(
+    r: ConsumerRecord, line: bytes | None = None, index: int | None = None
+) -> LabelledExample | DeadLetter:
+    """A :class:`LabelledExample` of ``line`` (default: the whole value) of record ``r``, or a dead
+    letter saying why it is not one (and, given ``index``, which line of the record it was)."""
+    raw = (r.value or b"") if line is None else line
     reason, detail = "", ""
     try:
         ex = LabelledExample.from_json(raw)
@@ -96,16 +115,18 @@ def decode_example(r: ConsumerRecord) -> LabelledExample | DeadLetter:
         reason, detail = "missing_field", f"field {exc} is missing"
     except (TypeError, AttributeError, ValueError, RecursionError) as exc:
         reason, detail = "bad_type", f"{type(exc).__name__}: {exc}"
+    if index is not None:
+        detail = f"line {index} of the record: {detail}"
     return DeadLetter(reason, detail[:200], "example", raw[:_RAW_PREFIX], r.topic, r.partition, r.offset)
 
 
 class KafkaExampleSource(GroupSource):
     """Labelled examples from ``topic`` (default ``cfg.examples_topic``), for the trainer.
 
-    ``batches()`` yields an :class:`ExampleBatch` per poll (empty when idle): ``examples`` decoded,
+    ``batches()`` yields an :class:`ExampleBatch` per poll (empty when idle): ``examples`` decoded
+    from every record's JSON lines (:mod:`pipeline.kafka.example_records`), each with its position,
     and ``dead``, a :class:`DeadLetter` (reason ``bad_json``, ``missing_field``, ...) for each
-    message that is not a valid example, to be sent to the dead-letter topic. Its offset is
-    covered by the snapshot like any other, so a malformed message is never re-read after a commit.
+    line that is not a valid example, to be sent to the dead-letter topic.
     Snapshots, commits, seeks and rebalances behave as in :class:`KafkaEventSource`.
     """
 
@@ -125,10 +146,5 @@ class KafkaExampleSource(GroupSource):
         for records in self._polls():
             batch = ExampleBatch()
             for r in records:
-                item = decode_example(r)
-                if isinstance(item, LabelledExample):
-                    batch.examples.append(item)
-                    batch.where.append((f"{r.topic}:{r.partition}", r.offset))
-                else:
-                    batch.dead.append(item)
+                batch.add(r)
             yield batch

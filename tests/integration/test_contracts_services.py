@@ -13,6 +13,7 @@ from pipeline.checks import check_feature_reader, check_group_source, check_mode
 from pipeline.checks.sources import Position
 from pipeline.core.config import KafkaConfig, RegistryConfig, SimulatorConfig
 from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.kafka.example_records import position
 from pipeline.kafka.io import KafkaSink, publish_stream
 from pipeline.kafka.sources import ExampleBatch, KafkaEventSource, KafkaExampleSource
 from pipeline.sources.simulator import Simulator
@@ -45,12 +46,12 @@ def test_kafka_event_source_contract(kafka_cfg: KafkaConfig, two_groups: tuple[s
 
 
 def example_positions(batch: ExampleBatch) -> list[Position]:
-    """Examples and dead letters alike (both move the snapshot past their offset), in offset order
-    (a batch keeps them in two lists)."""
+    """Examples and dead letters alike (both move the snapshot past their offset), in position order
+    (a batch keeps them in two lists; here every record holds one example or one dead letter)."""
     out: list[Position] = [
-        (w, off, ex.to_json()) for (w, off), ex in zip(batch.where, batch.examples, strict=True)
+        (w, at, ex.to_json()) for (w, at, _), ex in zip(batch.where, batch.examples, strict=True)
     ]
-    out += [(f"{d.source}:{d.partition}", d.offset, d.raw) for d in batch.dead]
+    out += [(f"{d.source}:{d.partition}", position(d.offset, 0), d.raw) for d in batch.dead]
     return sorted(out, key=lambda p: (p[0], p[1]))
 
 

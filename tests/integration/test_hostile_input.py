@@ -27,6 +27,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.daemons.joiner_state import committed_states, state_topic
 from pipeline.kafka.io import ensure_topics
+from pipeline.kafka.read import examples_to_end
 from tests.hostile import RAW_DEVICE, RAW_IP, corpus
 
 pytestmark = pytest.mark.faults
@@ -95,7 +96,7 @@ def test_hostile_corpus_through_kafka_ends_as_dead_letters_or_documented_rules(
         )
     assert proc.returncode == 0, log.read_text()[-3000:]  # zero crashes
     counters = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    examples = [json.loads(v) for v in read_topic(bootstrap, k.examples_topic)]
+    examples = [json.loads(v) for v in examples_to_end(bootstrap, k.examples_topic)]
     ids = [e["impression"]["impression_id"] for e in examples]
     lost, repeated = len(c.events) - counters["events"], len(ids) - len(set(ids))
     fault_report(f"hostile events through Kafka ({c.hostile:,})", 1, 1, lost, repeated, "dead letter or rule")

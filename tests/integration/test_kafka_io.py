@@ -31,6 +31,7 @@ from kafka.errors import CommitFailedError, RebalanceInProgressError
 from pipeline.core.config import KafkaConfig, SimulatorConfig
 from pipeline.core.events import DeadLetter, Impression, LabelledExample
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.kafka import example_records
 from pipeline.kafka.io import (
     FencedMemberError,
     KafkaSink,
@@ -407,28 +408,40 @@ def test_example_source_splits_examples_from_dead_letters(kafka_cfg: KafkaConfig
         )
         for i in range(200)
     ]
+    values = [ex.to_json() for ex in examples]
     with KafkaSink(kafka_cfg, kafka_cfg.examples_topic) as sink:
-        for ex in examples:
-            sink.send(ex.impression.user_id.encode(), ex.to_json())
+        for value in values[:20]:  # one example per record, as before batches
+            sink.send(None, value)
+        for value in example_records.records(values[20:], per_record=30):  # 30 per record: 6 records
+            sink.send(None, value)
         for bad in (b"{oops", b'{"label": 1}', b""):
             sink.send(None, bad)
+        sink.send(None, b"\n".join([values[0], b"{oops", values[1]]))  # a bad line among good ones
         sink.flush()
     with KafkaExampleSource(kafka_cfg, kafka_group) as src:
         good: list[LabelledExample] = []
         dead: list[DeadLetter] = []
-        where: list[tuple[str, int]] = []
+        where: list[tuple[str, int, int]] = []
         deadline = time.monotonic() + 30
         for batch in src.batches():
             good += batch.examples
             dead += batch.dead
             where += batch.where
-            if len(good) + len(dead) >= 203 or time.monotonic() > deadline:
+            if len(good) + len(dead) >= 206 or time.monotonic() > deadline:
                 break
-        assert sum(src.snapshot().values()) == 203
-    assert sorted(good, key=lambda e: e.example_id) == sorted(examples, key=lambda e: e.example_id)
-    assert sorted(d.reason for d in dead) == ["bad_json", "bad_json", "missing_field"]
-    assert len(set(where)) == len(good)  # each example's own "topic:partition", offset
-    assert {(f"{d.source}:{d.partition}", d.offset) for d in dead}.isdisjoint(where)
+        assert sum(src.snapshot().values()) == 20 + 6 + 3 + 1  # records
+    want = sorted(examples + examples[:2], key=lambda e: e.example_id)
+    assert sorted(good, key=lambda e: e.example_id) == want
+    assert sorted(d.reason for d in dead) == ["bad_json", "bad_json", "bad_json", "missing_field"]
+    assert [d.detail.startswith("line 1 of the record") for d in dead].count(True) == 1
+    assert len({(tp, at) for tp, at, _ in where}) == len(good)  # each example its own position ...
+    for (tp, at, after), (tp2, at2, _) in itertools.pairwise(where):
+        assert at < after and (tp != tp2 or after <= at2)  # ... and the next one after it
+    records_of_examples = {(tp, at // example_records.STRIDE) for tp, at, _ in where}
+    assert len(records_of_examples) == 20 + 6 + 1
+    assert {(f"{d.source}:{d.partition}", d.offset) for d in dead if "line" not in d.detail}.isdisjoint(
+        records_of_examples
+    )
 
 
 def test_publish_a_log_and_ensure_topics(

@@ -28,7 +28,7 @@ import pytest
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.core.partitioning import partition_of
 from pipeline.kafka.io import ensure_topics
-from pipeline.kafka.read import read_to_end
+from pipeline.kafka.read import examples_to_end, read_to_end
 from pipeline.sources.jsonl_mapping import write_jsonl
 from pipeline.sources.simulator import Simulator
 from trainers.version_page import iso_time
@@ -59,11 +59,6 @@ def write_stream(path: Path) -> int:
         imp = {"impression_id": f"closing-{p}", "ts": last + 2 * HOUR_MS, "user_id": user, "item_id": "x"}
         events.append(("impression", imp))
     return write_jsonl(events, path)
-
-
-def read_topic(bootstrap: str, topic: str) -> list[bytes]:
-    """Every message of ``topic``, read up to the end offsets taken first."""
-    return [r.value for r in read_to_end(bootstrap, topic)]
 
 
 def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -> str:
@@ -136,7 +131,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     trained = json.loads(
         run(["trainer", "--exit-when-idle", "15"], env, tmp_path / "trainer.log").splitlines()[-1]
     )
-    messages = read_topic(k.bootstrap_servers, k.examples_topic)
+    messages = examples_to_end(k.bootstrap_servers, k.examples_topic)
     produced = {json.loads(m)["impression"]["impression_id"]: m for m in messages}
 
     closing = {f"closing-{p}" for p in range(PARTITIONS)}
@@ -144,7 +139,9 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     assert produced == {i: v for i, v in replayed.items() if i not in closing}  # byte-identical
     assert trained["blocks"] == len(backtest_blocks) == len(produced) // BLOCK >= 4
     # the same dead letters, by reason (orphan clicks included)
-    letters = Counter(json.loads(m)["reason"] for m in read_topic(k.bootstrap_servers, k.dead_letter_topic))
+    letters = Counter(
+        json.loads(r.value)["reason"] for r in read_to_end(k.bootstrap_servers, k.dead_letter_topic)
+    )
     with (out / "dead_letters.jsonl").open() as f:
         assert letters == Counter(json.loads(line)["reason"] for line in f)
     assert letters["orphan_click"] == 40 and letters["wrong_partition"] == 30

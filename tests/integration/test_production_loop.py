@@ -22,14 +22,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kafka import KafkaConsumer
 
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.kafka.io import ensure_topics, publish_stream
-from pipeline.kafka.read import read_to_end
+from pipeline.kafka.read import ExampleCounter, examples_to_end
 from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version as replica_version
 from serving_bridge.replica_processes import stop_processes
@@ -127,12 +127,14 @@ class Run:
         Reads up to the end offsets taken first, so a slow broker cannot cut the read short."""
         out: dict[str, bytes] = {}
         repeats = 0
-        for msg in read_to_end(self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], self.examples_topic, timeout_s):
-            ex_id = json.loads(msg.value)["impression"]["impression_id"]
+        for value in examples_to_end(
+            self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], self.examples_topic, timeout_s
+        ):
+            ex_id = json.loads(value)["impression"]["impression_id"]
             if ex_id in out:
                 repeats += 1
-                assert out[ex_id] == msg.value, f"a replay changed example {ex_id}"
-            out[ex_id] = msg.value
+                assert out[ex_id] == value, f"a replay changed example {ex_id}"
+            out[ex_id] = value
         return out, repeats
 
     def stop_all(self) -> None:
@@ -160,21 +162,15 @@ def reference(
 
 
 def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
-    """Block until the run's output topic holds ``at_least`` messages (its end offsets say so)."""
-    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
+    """Block until the run's output topic holds ``at_least`` examples."""
+    count = ExampleCounter(r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], r.examples_topic)
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline:
-            parts = consumer.partitions_for_topic(r.examples_topic) or set()
-            from kafka import TopicPartition
-
-            tps = [TopicPartition(r.examples_topic, p) for p in parts]
-            if tps and sum(consumer.end_offsets(tps).values()) >= at_least:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"fewer than {at_least} examples after {timeout_s}s")
+        while count() < at_least:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {at_least} examples after {timeout_s}s")
     finally:
-        consumer.close()
+        count.close()
 
 
 def online_features(r: Run, users: list[str], items: list[str]) -> list[list[dict[str, float]]]:
@@ -209,6 +205,15 @@ def assert_same_examples(got: dict[str, bytes], want: dict[str, bytes]) -> None:
     )
 
 
+def start(position: dict[str, Any]) -> tuple[Any, Any]:
+    """Where a block's lineage says it started: record offsets and lines of them read already."""
+    return position["kafka_offsets_from"], position["kafka_lines_from"]
+
+
+def end(position: dict[str, Any]) -> tuple[Any, Any]:
+    return position["kafka_offsets_to"], position["kafka_lines_to"]
+
+
 def labels(examples: dict[str, bytes]) -> dict[str, int]:
     return {i: json.loads(v)["label"] for i, v in examples.items()}
 
@@ -236,11 +241,16 @@ def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions
         position = json.loads(lineage["position"])
         closed_at = tag_time(lineage["block_closed_at"])  # ISO 8601: wall time, freshness starts there
         assert closed_at is not None and closed_at > time.time() - 3_600
-        assert set(position) == {"kafka_offsets_from", "kafka_offsets_to"}
+        assert set(position) == {
+            "kafka_offsets_from",
+            "kafka_offsets_to",
+            "kafka_lines_from",
+            "kafka_lines_to",
+        }
         assert all(k.startswith(run.examples_topic) for k in position["kafka_offsets_to"])
         if previous_to is not None:
-            assert position["kafka_offsets_from"] == previous_to  # consecutive offset ranges
-        previous_to = position["kafka_offsets_to"]
+            assert start(position) == previous_to  # consecutive offset ranges
+        previous_to = end(position)
     champion = store.resolve("champion")
     assert champion == versions[-1]
 
@@ -393,8 +403,8 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
         assert block > previous_block
         position = json.loads(lineage["position"])
         if block == previous_block + 1 and previous_to is not None:
-            assert position["kafka_offsets_from"] == previous_to  # no example skipped or repeated
-        parent, previous_block, previous_to = v, block, position["kafka_offsets_to"]
+            assert start(position) == previous_to  # no example skipped or repeated
+        parent, previous_block, previous_to = v, block, end(position)
     assert previous_block == len(reference[1]) // 60_000  # every full block was trained once
 
 
@@ -513,8 +523,8 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
         block, position = int(lineage["block"]), json.loads(lineage["position"])
         assert block > previous_block and int(lineage["examples"]) == 60_000
         if block == previous_block + 1 and previous_to is not None:
-            assert position["kafka_offsets_from"] == previous_to
-        parent, previous_block, previous_to = v, block, position["kafka_offsets_to"]
+            assert start(position) == previous_to
+        parent, previous_block, previous_to = v, block, end(position)
     assert len(keys) == len(set(keys)) and previous_block == len(ref_examples) // 60_000
     # the fleet answered every request, and every replica came back on the champion
     assert client.unanswered == 0 and client.answered > 0

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer
 
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.kafka.read import examples_to_end
 from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version
 from tests.integration.stream_truth import expected_labels
@@ -101,31 +101,20 @@ class Client(threading.Thread):
 
 
 def read_examples(bootstrap: str, topic: str) -> dict[str, bytes]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=15_000
-    )
     out: dict[str, bytes] = {}
-    for msg in consumer:
-        ex_id = json.loads(msg.value)["impression"]["impression_id"]
-        assert out.get(ex_id, msg.value) == msg.value, f"a replay changed example {ex_id}"
-        out[ex_id] = msg.value
-    consumer.close()
+    for value in examples_to_end(bootstrap, topic):
+        ex_id = json.loads(value)["impression"]["impression_id"]
+        assert out.get(ex_id, value) == value, f"a replay changed example {ex_id}"
+        out[ex_id] = value
     return out
 
 
 def count_examples(bootstrap: str, topic: str) -> int:
-    """Messages on the output topic so far (0 while it does not exist or the broker is away)."""
+    """Examples on the output topic so far (0 while it does not exist or the broker is away)."""
     try:
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        return len(examples_to_end(bootstrap, topic, timeout_s=30))
     except Exception:
         return 0
-    try:
-        from kafka import TopicPartition
-
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        return sum(consumer.end_offsets(tps).values()) if tps else 0
-    finally:
-        consumer.close()
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 600) -> None:

@@ -34,6 +34,7 @@ from kafka import KafkaConsumer, TopicPartition
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.daemons.joiner_state import committed_states
 from pipeline.kafka.io import ensure_topics, publish_stream
+from pipeline.kafka.read import examples_to_end
 from pipeline.ops.deploy import Installer, InstallOptions, parse_env_file
 from pipeline.sources.simulator import Simulator
 from tests.integration.stream_truth import expected_labels
@@ -198,29 +199,16 @@ class Deployment:
         return {k: v for k, v in found.items() if v is not None}
 
     def examples(self) -> tuple[dict[str, int], int]:
-        consumer = KafkaConsumer(
-            self.kafka.examples_topic,
-            bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            consumer_timeout_ms=10_000,
-        )
         labels: dict[str, int] = {}
         repeats = 0
-        for msg in consumer:
-            ex = json.loads(msg.value)
+        for value in examples_to_end(self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], self.kafka.examples_topic):
+            ex = json.loads(value)
             repeats += ex["impression"]["impression_id"] in labels
             labels[ex["impression"]["impression_id"]] = ex["label"]
-        consumer.close()
         return labels, repeats
 
     def example_count(self) -> int:
-        consumer = KafkaConsumer(bootstrap_servers=self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
-        try:
-            tps = [TopicPartition(self.kafka.examples_topic, p) for p in range(PARTITIONS)]
-            return sum(consumer.end_offsets(tps).values())
-        finally:
-            consumer.close()
+        return len(examples_to_end(self.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], self.kafka.examples_topic))
 
 
 @pytest.fixture(scope="module")
