@@ -10,7 +10,8 @@ One simulated stream is published to fresh uuid-named topics; then, in the same 
    size) sends the examples of step 2 to a fresh topic and flushes: the least producing them costs.
    With the raw consumer it gives ``kafka_python_bound_events_per_s``: the most any joiner that
    reads every event and writes one record per example with kafka-python in one process could
-   reach, before joining anything (``1 / (1/consumer + examples/events / producer)``);
+   reach, before joining anything (``1 / (1/consumer + examples/events / producer)``); the joiner
+   writes several examples per record (``kafka.examples_per_record``), which is how it passes it;
 4. **joiner over Kafka**: :class:`pipeline.daemons.joiner.JoinerDaemon` (what ``ctr joiner`` runs) in
    this process, with its consumer group, examples and dead-letter producers, Feast pushes to Redis
    (db 15) and checkpoints, until it has read everything and gone idle.
