@@ -33,6 +33,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.daemons.joiner_state import committed_states
+from pipeline.kafka.example_records import kafka_offsets
 from pipeline.kafka.io import ensure_topics, publish_stream
 from pipeline.kafka.read import examples_to_end
 from pipeline.ops.deploy import Installer, InstallOptions, parse_env_file
@@ -350,11 +351,10 @@ def test_trainer_unit_readiness_watchdog_and_clean_stop_mid_stream(
             proc.kill()
     meta = json.loads((deployment.state / "trainer" / "meta.json").read_text())
     assert meta["blocks"] >= 1 and "pending" not in meta
-    # committed offsets = the checkpoint's: the unfinished block is re-read after a restart, not lost
-    assert (
-        deployment.committed(f"sd-{deployment.tag}-trainer", [deployment.kafka.examples_topic])
-        == meta["offsets"]
-    )
+    # committed offsets = the checkpoint's records: the unfinished block is re-read after a restart, not lost
+    assert deployment.committed(
+        f"sd-{deployment.tag}-trainer", [deployment.kafka.examples_topic]
+    ) == kafka_offsets(meta["positions"])
 
 
 def test_serve_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, notify: NotifySocket) -> None:
