@@ -41,6 +41,7 @@ what :mod:`pipeline.core.checkpoints` already uses.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -78,7 +79,14 @@ def prepare(store: Any, version: str, folder: Path, inference: str, device: str 
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     learner.save_for_serving(tmp)
-    os.replace(tmp, folder)  # whole or absent: a reader never sees half a version
+    try:
+        os.replace(tmp, folder)  # whole or absent: a reader never sees half a version
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not folder.is_dir():
+            raise
+        # another preparer got there first (a helper given up on after HELPER_PATIENCE_S finished
+        # after all): its folder is whole (renamed the same way) and holds the same version
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _helper_main(
@@ -251,7 +259,8 @@ class PreparedModelStore:
                     except (OSError, EOFError, TimeoutError) as exc:
                         where = "here, the helper having failed"
                         log.warning("serve: %s; preparing version %s in the worker", exc, version)
-                        self._prepare_here(version, folder)
+                        if not folder.is_dir():  # unless the helper finished meanwhile after all
+                            self._prepare_here(version, folder)
                 self._evict(folder)
                 log.info(
                     "serve: version %s prepared %s in %.2f s", version, where, time.perf_counter() - started

@@ -193,3 +193,21 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"  # an exited child not reaped yet (its parent is gone: init reaps it)
+
+
+def test_a_version_prepared_twice_at_once_is_served_not_failed(
+    registry: tuple[MlflowModelStore, list[str]], tmp_path: Path
+) -> None:
+    """A helper given up on (HELPER_PATIENCE_S) may finish after all while its worker prepares the
+    same version: the second to finish finds the folder there and uses it (it failed with ENOTEMPTY,
+    and the replica stayed on the old version until the next swap)."""
+    store, (v1, _, _) = registry
+    folder = tmp_path / "models" / f"{v1}-eager"
+    folder.parent.mkdir()
+    model_cache.prepare(store, v1, folder, "eager", None)  # the helper, late
+    first = sorted(p.name for p in folder.iterdir())
+    model_cache.prepare(store, v1, folder, "eager", None)  # the worker, later still
+    assert sorted(p.name for p in folder.iterdir()) == first
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
+    cache = PreparedModelStore(store, tmp_path / "models", None, inference="eager")  # type: ignore[arg-type]
+    np.testing.assert_array_equal(_probs(cache.load(v1)), _probs(store.load(v1)))
