@@ -25,7 +25,7 @@ import pytest
 
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.kafka.io import ensure_topics, publish_stream
-from pipeline.kafka.read import examples_to_end
+from pipeline.kafka.read import ExampleCounter, examples_to_end
 from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version
 from tests.integration.stream_truth import expected_labels
@@ -109,14 +109,6 @@ def read_examples(bootstrap: str, topic: str) -> dict[str, bytes]:
     return out
 
 
-def count_examples(bootstrap: str, topic: str) -> int:
-    """Examples on the output topic so far (0 while it does not exist or the broker is away)."""
-    try:
-        return len(examples_to_end(bootstrap, topic, timeout_s=30))
-    except Exception:
-        return 0
-
-
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -168,7 +160,11 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         cfg = Config()
         store = MlflowModelStore(cfg.registry, env["CTR_REGISTRY_TRACKING_URI"])
         # the broker goes away for 20 s while the joiner is in the middle of the stream
-        wait_until(lambda: count_examples(stack.kafka, k.examples_topic) >= 5_000, "the joiner at work")
+        count = ExampleCounter(stack.kafka, k.examples_topic)  # reads only what is new at each call
+        try:
+            wait_until(lambda: count() >= 5_000, "the joiner at work")
+        finally:
+            count.close()
         stack.services("stop", "kafka")
         time.sleep(20)
         stack.services("up")
