@@ -2,7 +2,9 @@
 
 One simulated stream (~300,000 events) is published once per module; each test runs the daemons
 (``ctr joiner``, ``ctr trainer``, ``ctr serve``) as subprocesses over it, with their own consumer
-groups, output topics, state folders, Feast project and registered model.
+groups, output topics, state folders, Feast project and registered model. The fault-free deployment
+runs once per module (:func:`deployment`): its examples are what every faulty or scaled-out run
+must reproduce.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version as replica_version
 from serving_bridge.replica_processes import stop_processes
 from tests.integration.stream_truth import expected_labels
+from tests.integration.trainer_stop import stop_after_block
+from trainers.registry import MlflowModelStore
 from trainers.version_page import tag_time
 
 IMPRESSIONS = 280_000  # plus ~17k clicks and ~1k duplicates: over 300,000 events
 SEED = 21
 PARTITIONS = 3
 WINDOW_S, LAG_S = 900.0, 60.0
+BLOCK = 60_000
 
 
 @dataclass
@@ -101,7 +106,7 @@ class Run:
             "CTR_REGISTRY_TRACKING_URI": self.services["CTR_REGISTRY_TRACKING_URI"],
             "CTR_REGISTRY_MODEL_NAME": self.model_name,
             "CTR_REGISTRY_EXPERIMENT": f"it-exp-{self.tag}",
-            "CTR_TRAINER_TRAIN_EVERY": "60000",
+            "CTR_TRAINER_TRAIN_EVERY": str(BLOCK),
             "CTR_TRAINER_HASH_BUCKETS": str(1 << 18),
             "CTR_TRAINER_THREADS": "1",
             "CTR_SERVING_POLL_INTERVAL_S": "0.5",
@@ -110,7 +115,8 @@ class Run:
         }
 
     def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"{args[0]}-{len(self.procs)}.log").open("wb")
+        command = next(a for a in args if not a.startswith("-"))
+        log = (self.tmp / f"{command}-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.ops.cli", *args],
             env=self.env(**env),
@@ -148,17 +154,46 @@ def run(services: dict[str, str], stream: Stream, tmp_path: Path) -> Iterator[Ru
     r.stop_all()
 
 
+@dataclass
+class Deployment:
+    run: Run
+    examples: dict[str, bytes]  # by impression id
+    replicas: list[subprocess.Popen[bytes]]
+
+
 @pytest.fixture(scope="module")
-def reference(
+def deployment(
     services: dict[str, str], stream: Stream, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Run, dict[str, bytes]]]:
-    """An uninterrupted joiner run: what every faulty or scaled-out run must reproduce exactly."""
-    r = Run(services, stream, tmp_path_factory.mktemp("reference"))
-    finish(r.start("joiner", "--exit-when-idle", "10"))
+) -> Iterator[Deployment]:
+    """The production profile, fault-free: ``ctr joiner``, ``ctr trainer`` and two ``ctr serve``
+    replicas over the stream, the trainer stopped once it trained the stream's last full block."""
+    r = Run(services, stream, tmp_path_factory.mktemp("deployment"))
+    joiner = r.start("joiner", "--exit-when-idle", "15")
+    trainer = r.start("trainer")
+    replicas = [
+        r.start("serve", "--port", str(20_000 + random.randrange(5_000))),
+        r.start("serve", "--port", str(25_000 + random.randrange(5_000))),
+    ]
+    finish(joiner)
     examples, repeats = r.examples()
     assert repeats == 0
-    yield r, examples
+    stop_after_block(trainer, model_store(r), len(examples) // BLOCK)
+    yield Deployment(r, examples, replicas)
     r.stop_all()
+
+
+@pytest.fixture(scope="module")
+def reference(deployment: Deployment) -> tuple[Run, dict[str, bytes]]:
+    """The fault-free deployment's joiner run and its examples (its replicas are not needed)."""
+    stop_processes(deployment.replicas)
+    return deployment.run, deployment.examples
+
+
+def model_store(r: Run) -> MlflowModelStore:
+
+    cfg = Config()
+    cfg.registry.model_name = r.model_name
+    return MlflowModelStore(cfg.registry, r.services["CTR_REGISTRY_TRACKING_URI"])
 
 
 def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
@@ -218,21 +253,12 @@ def labels(examples: dict[str, bytes]) -> dict[str, int]:
     return {i: json.loads(v)["label"] for i, v in examples.items()}
 
 
-def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions(run: Run) -> None:
-    joiner = run.start("joiner", "--exit-when-idle", "15")
-    trainer = run.start("trainer", "--exit-when-idle", "45")
-    replica = run.start("serve", "--port", str(20_000 + random.randrange(5_000)))
-    replica2 = run.start("serve", "--port", str(25_000 + random.randrange(5_000)))
-    finish(joiner)
-    examples, _ = run.examples()
+def test_daemons_turn_the_stream_into_exactly_the_expected_examples_and_versions(
+    deployment: Deployment,
+) -> None:
+    run, examples, (replica, replica2) = deployment.run, deployment.examples, deployment.replicas
     assert labels(examples) == run.stream.expected  # no loss, no duplicate, right labels
-    finish(trainer)
-
-    from trainers.registry import MlflowModelStore
-
-    cfg = Config()
-    cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
+    store = model_store(run)
     versions = store.versions()
     assert len(versions) >= 3
     previous_to = None
@@ -364,11 +390,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
     run.tag = ref_run.tag + "x"  # a fresh model, state and group ...
     env_topic = {"CTR_KAFKA_EXAMPLES_TOPIC": ref_run.examples_topic}  # ... over the reference's examples
 
-    from trainers.registry import MlflowModelStore
-
-    cfg = Config()
-    cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
+    store = model_store(run)
 
     def start_trainer(*args: str) -> subprocess.Popen[bytes]:
         log = (run.tmp / f"trainer-{len(run.procs)}.log").open("wb")
@@ -389,7 +411,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
     time.sleep(random.Random(3).uniform(0.5, 5.0))  # somewhere inside the next block
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finish(start_trainer("--exit-when-idle", "30"))
+    stop_after_block(start_trainer(), store, len(reference[1]) // BLOCK)
     versions = store.versions()
     assert len(versions) >= 2
     keys: set[str] = set()
@@ -405,7 +427,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
         if block == previous_block + 1 and previous_to is not None:
             assert start(position) == previous_to  # no example skipped or repeated
         parent, previous_block, previous_to = v, block, end(position)
-    assert previous_block == len(reference[1]) // 60_000  # every full block was trained once
+    assert previous_block == len(reference[1]) // BLOCK  # every full block was trained once
 
 
 class FleetClient(threading.Thread):
@@ -455,16 +477,11 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
     ports = [30_000 + random.randrange(5_000), 35_000 + random.randrange(5_000)]
     args = {
         "joiner": ("joiner", "--exit-when-idle", "20"),
-        "trainer": ("trainer", "--exit-when-idle", "30"),
+        "trainer": ("trainer",),  # stopped once it trained the last full block
         **{f"replica-{p}": ("serve", "--port", str(p)) for p in ports},
     }
     procs = {name: run.start(*a) for name, a in args.items()}
-
-    from trainers.registry import MlflowModelStore
-
-    cfg = Config()
-    cfg.registry.model_name = run.model_name
-    store = MlflowModelStore(cfg.registry, run.services["CTR_REGISTRY_TRACKING_URI"])
+    store = model_store(run)
     deadline = time.monotonic() + 600
     while store.resolve("champion") is None:  # the fleet has something to serve
         assert time.monotonic() < deadline, "no first version"
@@ -490,7 +507,7 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
             time.sleep(1.0)
             recovered[kind] += procs[name].poll() in (None, 0)
     finish(procs["joiner"])
-    finish(procs["trainer"])
+    stop_after_block(procs["trainer"], store, len(ref_examples) // BLOCK)
     champion = store.resolve("champion")
     replicas_on_champion = [served_version(p, until=champion) == champion for p in ports]
     client.stop.set()
@@ -521,11 +538,11 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
         lineage = store.lineage(v)
         assert lineage["parent_version"] == parent
         block, position = int(lineage["block"]), json.loads(lineage["position"])
-        assert block > previous_block and int(lineage["examples"]) == 60_000
+        assert block > previous_block and int(lineage["examples"]) == BLOCK
         if block == previous_block + 1 and previous_to is not None:
             assert start(position) == previous_to
         parent, previous_block, previous_to = v, block, end(position)
-    assert len(keys) == len(set(keys)) and previous_block == len(ref_examples) // 60_000
+    assert len(keys) == len(set(keys)) and previous_block == len(ref_examples) // BLOCK
     # the fleet answered every request, and every replica came back on the champion
     assert client.unanswered == 0 and client.answered > 0
     assert all(replicas_on_champion)

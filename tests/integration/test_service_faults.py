@@ -29,6 +29,8 @@ from pipeline.kafka.read import ExampleCounter, examples_to_end
 from pipeline.sources.simulator import Simulator
 from serving_bridge.replica_processes import served_version
 from tests.integration.stream_truth import expected_labels
+from tests.integration.trainer_stop import stop_after_block
+from trainers.registry import MlflowModelStore
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1_500)]
 
@@ -144,21 +146,19 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
     def start(name: str, *args: str) -> subprocess.Popen[bytes]:
         logs[name] = tmp_path / f"{name}.log"
         with logs[name].open("wb") as out:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.ops.cli", "-v", *args], env=env, stdout=out, stderr=out
             )
+        proc.log_path = str(logs[name])  # type: ignore[attr-defined]  # stop_after_block shows it
+        return proc
 
+    expected = expected_labels(Simulator(Config().simulator, SEED), IMPRESSIONS, PARTITIONS, WINDOW_S, LAG_S)
     joiner = start("joiner", "joiner", "--exit-when-idle", "20")
-    # idle longer than the joiner can take to come back from the broker outage: 20 s down, the
-    # broker's restart, then up to 30 s of the joiner's back-off (45 s once lost that race in CI)
-    trainer = start("trainer", "trainer", "--exit-when-idle", "120")
+    trainer = start("trainer", "trainer")  # stopped once it trained the stream's last full block
     replica = start("serve", "serve", "--port", str(port))
     client = Client(port)
     try:
-        from trainers.registry import MlflowModelStore
-
-        cfg = Config()
-        store = MlflowModelStore(cfg.registry, env["CTR_REGISTRY_TRACKING_URI"])
+        store = MlflowModelStore(Config().registry, env["CTR_REGISTRY_TRACKING_URI"])
         # the broker goes away for 20 s while the joiner is in the middle of the stream
         count = ExampleCounter(stack.kafka, k.examples_topic)  # reads only what is new at each call
         try:
@@ -181,7 +181,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         stack.services("up")
         time.sleep(2)
         assert joiner.wait(timeout=900) == 0, logs["joiner"].read_text()[-3000:]
-        assert trainer.wait(timeout=900) == 0, logs["trainer"].read_text()[-3000:]
+        stop_after_block(trainer, store, len(expected) // BLOCK)
         champion = store.resolve("champion")
         wait_until(lambda: served_version(replica_url) == champion, "the replica on the champion", 120)
     finally:
@@ -194,7 +194,6 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
                 proc.wait(timeout=60)
 
     examples = read_examples(stack.kafka, k.examples_topic)
-    expected = expected_labels(Simulator(Config().simulator, SEED), IMPRESSIONS, PARTITIONS, WINDOW_S, LAG_S)
     got = {i: json.loads(v)["label"] for i, v in examples.items()}
     lost = len(set(expected) - set(got))
     versions = store.versions()
