@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.core.config import SimulatorConfig, ValidationConfig
+from pipeline.core.config import Config, SimulatorConfig, ValidationConfig
 from pipeline.core.events import Click, DeadLetter, Impression
 from pipeline.core.types import RawEvent, Source
 from pipeline.core.validation import Validator
+from pipeline.sources.open import open_source
 from pipeline.sources.parquet import ParquetSource, write_parquet
 from pipeline.sources.readers import CRITEO_START_MS, ClickDelay, CriteoTsvSource, ObdCsvSource
 from pipeline.sources.simulator import Simulator
@@ -89,6 +92,19 @@ def test_criteo_bad_rows_are_dead_letters_and_gzip_reads(tmp_path: Path) -> None
     assert len(imps) == 4 and imps[0].item_id == good[0].split("\t")[15]
     with pytest.raises(ValueError, match=r"C1\.\.C26"):
         CriteoTsvSource([path], user_field="I3")
+
+
+def test_a_folder_of_compressed_criteo_days_reads_as_the_plain_files(
+    criteo_file: Path, tmp_path: Path
+) -> None:
+    lines = criteo_file.read_bytes().splitlines(keepends=True)
+    (tmp_path / "day_0.txt.bz2").write_bytes(bz2.compress(b"".join(lines[:1_000])))
+    (tmp_path / "day_1.txt.xz").write_bytes(lzma.compress(b"".join(lines[1_000:])))
+    (tmp_path / "README.md").write_text("not a day of the log")
+    cfg = Config()
+    folder = open_source(cfg, "criteo", tmp_path, seed=3, impressions=0)
+    plain = open_source(cfg, "criteo", criteo_file, seed=3, impressions=0)
+    assert [(e.kind, e.value) for e in read_all(folder)] == [(e.kind, e.value) for e in read_all(plain)]
 
 
 Factory = Callable[[dict[str, Any] | None], Any]

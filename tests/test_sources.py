@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,25 +86,38 @@ def split_jsonl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return imps, write_lines([e for kind, e in rows if kind == "click"], folder / "clicks.jsonl")
 
 
+@pytest.fixture(scope="module")
+def compressed_jsonl(sim_jsonl: list[Path], tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The files of :func:`sim_jsonl`, gzipped and xz-compressed (how logs are shipped)."""
+    folder = tmp_path_factory.mktemp("compressed")
+    out = [folder / "a.jsonl.gz", folder / "b.jsonl.xz"]
+    out[0].write_bytes(gzip.compress(sim_jsonl[0].read_bytes()))
+    out[1].write_bytes(lzma.compress(sim_jsonl[1].read_bytes()))
+    return out
+
+
 def merged(split: tuple[Path, Path], batch_size: int = 5_000, resume: dict[str, Any] | None = None) -> Any:
     parts = [JsonlSource([split[0]], kind="impression"), JsonlSource([split[1]], kind="click")]
     return MergedJsonlSource(parts, batch_size=batch_size, resume=resume)
 
 
-def factories(jsonl: list[Path], mapped: list[Path], split: tuple[Path, Path]) -> dict[str, Factory]:
+def factories(
+    jsonl: list[Path], mapped: list[Path], split: tuple[Path, Path], packed: list[Path]
+) -> dict[str, Factory]:
     sim = Simulator(SIM_CFG, 20)
     out: dict[str, Factory] = {
         "simulator": lambda resume: SimulatorSource(sim, 12_000, batch_size=1_700, resume=resume),
         "jsonl": lambda resume: JsonlSource(jsonl, batch_size=700, resume=resume),
         "jsonl-mapped": lambda resume: JsonlSource(mapped, batch_size=700, resume=resume, mapping=MAP),
         "jsonl-merged": lambda resume: merged(split, batch_size=900, resume=resume),
+        "jsonl-compressed": lambda resume: JsonlSource(packed, batch_size=700, resume=resume),
     }
     if AVAZU_DIR.is_dir():
         out["avazu"] = lambda resume: AvazuCsvSource(AVAZU, batch_size=1_500, resume=resume)
     return out
 
 
-JSONL_SOURCES = ["jsonl", "jsonl-mapped", "jsonl-merged"]
+JSONL_SOURCES = ["jsonl", "jsonl-mapped", "jsonl-merged", "jsonl-compressed"]
 
 
 @pytest.mark.parametrize("name", ["simulator", *JSONL_SOURCES, pytest.param("avazu", marks=needs_avazu)])
@@ -112,8 +128,9 @@ def test_resume_from_a_snapshot_yields_exactly_the_rest(
     sim_jsonl: list[Path],
     mapped_jsonl: list[Path],
     split_jsonl: tuple[Path, Path],
+    compressed_jsonl: list[Path],
 ) -> None:
-    make = factories(sim_jsonl, mapped_jsonl, split_jsonl)[name]
+    make = factories(sim_jsonl, mapped_jsonl, split_jsonl, compressed_jsonl)[name]
     assert isinstance(make(None), Source)
     whole = make(None)
     batches = list(whole.batches())
@@ -132,10 +149,26 @@ def test_resume_from_a_snapshot_yields_exactly_the_rest(
 
 @pytest.mark.parametrize("name", ["simulator", *JSONL_SOURCES])
 def test_a_snapshot_of_another_source_is_refused(
-    name: str, sim_jsonl: list[Path], mapped_jsonl: list[Path], split_jsonl: tuple[Path, Path]
+    name: str,
+    sim_jsonl: list[Path],
+    mapped_jsonl: list[Path],
+    split_jsonl: tuple[Path, Path],
+    compressed_jsonl: list[Path],
 ) -> None:
+    make = factories(sim_jsonl, mapped_jsonl, split_jsonl, compressed_jsonl)[name]
     with pytest.raises(ValueError, match="snapshot"):
-        factories(sim_jsonl, mapped_jsonl, split_jsonl)[name]({"source": "elsewhere", "offset": 0})
+        make({"source": "elsewhere", "offset": 0})
+
+
+def test_compressed_jsonl_reads_as_the_plain_files(
+    sim_jsonl: list[Path], compressed_jsonl: list[Path]
+) -> None:
+    def events(paths: list[Path]) -> list[tuple[Any, ...]]:
+        return [(e.kind, e.value, e.partition, e.offset) for e in read_all(JsonlSource(paths))]
+
+    assert events(compressed_jsonl) == events(sim_jsonl)
+    source = JsonlSource(compressed_jsonl)  # and through the validator: all valid, as the plain ones
+    assert not [o for o in validate_all(read_all(source), source) if isinstance(o, DeadLetter)]
 
 
 def test_simulator_source_clock_follows_event_time() -> None:
@@ -240,6 +273,26 @@ def test_avazu_malformed_rows_are_dead_letters(tmp_path: Path) -> None:
     assert sorted(kinds) == ["Click", "Impression", "Impression", "bad_json", "bad_json"]
     users = {e.value["user_id"] for e in events if isinstance(e.value, dict)}
     assert users == {"abc123", "ip2-m2"}
+
+
+@pytest.mark.parametrize(
+    "suffix, pack", [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)]
+)
+def test_a_compressed_avazu_file_reads_as_the_csv(
+    tmp_path: Path, suffix: str, pack: Callable[[bytes], bytes]
+) -> None:
+    header = "id,click,hour,C1,banner_pos,C14,device_id,device_ip,device_model"
+    rows = [
+        f"{i},{i % 3 == 0:d},1410210{i // 40},1005,0,157{i % 7},a99f214a,ip{i % 5},m{i % 4}"
+        for i in range(80)
+    ]
+    plain = tmp_path / "train.csv"
+    plain.write_text("\n".join([header, *rows, "81,0,oops"]) + "\n")
+    packed = tmp_path / f"train{suffix}"  # Avazu ships train.gz
+    packed.write_bytes(pack(plain.read_bytes()))
+    want = [(e.kind, e.value) for e in read_all(AvazuCsvSource(plain, seed=3))]
+    assert len(want) == 80 + 27 + 1  # impressions, clicks, the bad row
+    assert [(e.kind, e.value) for e in read_all(AvazuCsvSource(packed, seed=3))] == want
 
 
 def test_a_mapped_log_reads_as_the_canonical_one(sim_jsonl: list[Path], mapped_jsonl: list[Path]) -> None:

@@ -1,4 +1,5 @@
-"""Avazu's ``train.csv`` as a replayable event source (impressions, plus a click per clicked row).
+"""Avazu's ``train.csv`` (or ``train.gz``) as a replayable event source (impressions, plus a click per
+clicked row).
 
 Same :class:`pipeline.core.types.Source` contract as :mod:`pipeline.sources.streams`: exact resume from a
 snapshot, event-time clock, unreadable rows become raw events the validator dead-letters.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.files import open_text
 from pipeline.sources.labelled import labelled_events
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
@@ -93,7 +95,7 @@ class AvazuCsvSource(_BatchingSource):
 
     def _hours(self) -> Iterator[tuple[str, list[list[str]], dict[str, int]]]:
         """``(hour, rows of that hour, column index)``, or ``("", [bad row], ...)`` for a bad row."""
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
+        with open_text(self.path) as f:
             reader = _rows(csv.reader(f))
             header = next(reader, None) or []
             missing = {"id", "click", "hour", "C14", "device_id", "device_ip", "device_model"} - set(header)

@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.core.config import Config
 from pipeline.core.types import Source
 from pipeline.sources.avazu import AvazuCsvSource
+from pipeline.sources.files import with_compression
 from pipeline.sources.jsonl_mapping import JsonlMapping
 from pipeline.sources.parquet import ParquetSource
 from pipeline.sources.readers import ClickDelay, CriteoTsvSource, ObdCsvSource
@@ -21,7 +22,11 @@ from pipeline.sources.worlds import open_world
 __all__ = ["FORMATS", "open_jsonl", "open_source"]
 
 FORMATS = ("jsonl", "avazu", "criteo", "obd", "parquet", "simulator")
-_SUFFIXES = {"jsonl": (".jsonl",), "criteo": (".txt", ".tsv", ".gz"), "parquet": (".parquet",)}
+_SUFFIXES = {
+    "jsonl": with_compression((".jsonl",)),
+    "criteo": (".txt", ".tsv", ".gz", ".bz2", ".xz"),
+    "parquet": (".parquet",),
+}
 
 
 def _files(path: Path, fmt: str) -> list[Path]:

@@ -19,10 +19,8 @@ Parquet event logs (the JSONL events' columns) are read by :mod:`pipeline.source
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
 import heapq
-import io
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.files import open_text
 from pipeline.sources.labelled import labelled_events
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
@@ -78,14 +77,8 @@ class _LabelledRows(_BatchingSource):
         return labelled_events(self._rows(), self.seed, d.median_s * 1000, d.sigma, round(d.max_s * 1000))
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
-    return open(path, encoding="utf-8", errors="replace", newline="")
-
-
 class CriteoTsvSource(_LabelledRows):
-    """Criteo display-ads rows (``label, I1..I13, C1..C26``; ``.gz`` read as gzip) as events.
+    """Criteo display-ads rows (``label, I1..I13, C1..C26``; compressed files decompressed) as events.
 
     ``I*`` become dense inputs and ``C*`` categorical features (empty values are left out: the
     encoder's ``<missing>`` token). Criteo has no user or ad column: ``user_field``/``item_field``
@@ -120,7 +113,7 @@ class CriteoTsvSource(_LabelledRows):
     def _rows(self) -> Iterator[_Row]:
         i = 0
         for path in self.paths:
-            with _open_text(path) as f:
+            with open_text(path) as f:
                 for line in f:
                     line = line.rstrip("\r\n")
                     if not line:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.types import EventKind, ManualClock, RawEvent
+from pipeline.sources.files import open_binary
 from pipeline.sources.jsonl_mapping import JsonlMapping
 
 __all__ = ["JsonlSource", "MergedJsonlSource", "SeededStream", "SimulatorSource"]
@@ -221,7 +222,7 @@ class JsonlSource(_BatchingSource):
         for file in range(start["file"], len(self.paths)):
             path = self.paths[file]
             byte, line_no = (start["byte"], start["line"]) if file == start["file"] else (0, 0)
-            with open(path, "rb") as f:
+            with open_binary(path) as f:
                 f.seek(byte)
                 for line in f:
                     byte += len(line)
