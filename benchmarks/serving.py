@@ -97,9 +97,7 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
     from features.aggregations import StreamingFeatures
     from features.store import FeatureWriter, open_store
     from pipeline.core.config import Config, FeatureConfig
-    from pipeline.core.partitioning import item_shard_key
     from pipeline.core.pseudonyms import Pseudonymizer
-    from serving_bridge.server import kafka_partition
 
     cfg = Config()
     store = open_store(state / "joiner" / "feast", "production", args.redis_url, project)
@@ -109,7 +107,7 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
     sf = StreamingFeatures(FeatureConfig())
     rng = random.Random(3)
     ts = START_MS
-    for _ in range(50_000):  # Zipf-ish traffic: features for every user and most items x shards
+    for _ in range(50_000):  # Zipf-ish traffic: features for every user and most items
         ts += 10
         user = (
             users[min(int(rng.paretovariate(1.0)) - 1, len(users) - 1)]
@@ -117,10 +115,9 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
             else rng.choice(users)
         )
         item = rng.choice(items)
-        shard = kafka_partition(user, cfg.kafka.partitions)
-        sf.record_impression(pseudo(user), item_shard_key(item, shard), ts)
+        sf.record_impression(pseudo(user), item, ts)
         if rng.random() < 0.05:
-            sf.record_click(pseudo(user), item_shard_key(item, shard), ts + 1)
+            sf.record_click(pseudo(user), item, ts + 1)
     FeatureWriter(store, offline=False).push(*sf.drain_dirty())
     return store, users, items
 
@@ -287,9 +284,7 @@ def floor(
 
     from features.redis_reader import RedisFeatureReader
     from pipeline.core.config import Config, RegistryConfig
-    from pipeline.core.partitioning import item_shard_key
     from pipeline.core.pseudonyms import Pseudonymizer
-    from serving_bridge.server import kafka_partition
     from trainers.registry import MlflowModelStore
 
     torch.set_num_threads(1)
@@ -302,8 +297,8 @@ def floor(
     for i in range(args.floor_requests):
         t, c = time.perf_counter(), time.thread_time()
         req = json.loads(bodies[i % len(bodies)])
-        user, shard = pseudo(req["user_id"]), kafka_partition(req["user_id"], cfg.kafka.partitions)
-        feats = reader.get(user, [item_shard_key(item, shard) for item in req["items"]])
+        user = pseudo(req["user_id"])
+        feats = reader.get(user, list(req["items"]))
         probs = learner.predict_request(user, req["items"], req["context"], feats)
         json.dumps(
             {
@@ -332,9 +327,7 @@ def feature_reads(
     from features.redis_reader import RedisFeatureReader, parse_feast_connection_string
     from features.store import OnlineFeatureReader
     from pipeline.core.config import Config
-    from pipeline.core.partitioning import item_shard_key
     from pipeline.core.pseudonyms import Pseudonymizer
-    from serving_bridge.server import kafka_partition
 
     cfg = Config()
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
@@ -352,9 +345,7 @@ def feature_reads(
     times: dict[str, list[float]] = {name: [] for name in [*readers, "direct_async"]}
     try:
         for _ in range(n):
-            raw = rng.choice(users)
-            shard = kafka_partition(raw, cfg.kafka.partitions)
-            user, cands = pseudo(raw), [item_shard_key(i, shard) for i in rng.sample(items, k)]
+            user, cands = pseudo(rng.choice(users)), rng.sample(items, k)
             for name, get in readers.items():
                 t = time.perf_counter()
                 get(user, cands)

@@ -136,6 +136,25 @@ class StreamingFeatures:
         self._add(self._users, self._dirty_users, user_id, ts_ms, _CLICK)
         self._add(self._items, self._dirty_items, item_id, ts_ms, _CLICK)
 
+    def lookup_user(self, user_id: str, ts_ms: int) -> dict[str, float]:
+        """The user's features alone, in the windows ending at ``ts_ms``."""
+        vals = self._values(self._users.get(user_id), ts_ms // self._bucket_ms)
+        return dict(zip(self.user_names, vals))  # noqa: B905 (equal lengths)
+
+    def record_user(self, user_id: str, ts_ms: int, click: bool) -> None:
+        """Count one impression (or, ``click``, one click) of ``user_id`` at ``ts_ms``; no item."""
+        self._add(self._users, self._dirty_users, user_id, ts_ms, _CLICK if click else _IMP)
+
+    def lookup_item(self, item_id: str, ts_ms: int) -> dict[str, float]:
+        """The item's features alone, in the windows ending at ``ts_ms``."""
+        vals = self._values(self._items.get(item_id), ts_ms // self._bucket_ms)
+        return dict(zip(self.item_names, vals))  # noqa: B905 (equal lengths)
+
+    def record_item(self, item_id: str, ts_ms: int, clicked: bool) -> None:
+        """Count one impression of ``item_id`` at ``ts_ms`` and, if ``clicked``, its click at the
+        same time (a labelled example's, :mod:`features.item_stage`): no user is touched."""
+        self._add(self._items, self._dirty_items, item_id, ts_ms, _IMP + _CLICK if clicked else _IMP)
+
     def _values(self, ent: _Entity | None, b: int) -> list[float]:
         """impressions, clicks, ctr per window ending at bucket ``b``; inlined for speed (hot path)."""
         if ent is None:

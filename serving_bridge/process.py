@@ -21,7 +21,7 @@ from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures, read_async
 from serving_bridge.model_cache import ModelHelper, PreparedModelStore
 from serving_bridge.replica import Replica
-from serving_bridge.server import ReplicaServer, bind, kafka_partition, listen_for_swaps, serve_workers
+from serving_bridge.server import ReplicaServer, bind, listen_for_swaps, serve_workers
 from serving_bridge.worker_slot import WorkerSlot
 from trainers.registry import MlflowModelStore
 
@@ -250,7 +250,6 @@ def serve_replica(
         workers=cfg.serving.max_in_flight,
         failures_to_back_off=cfg.serving.feature_failures_to_back_off,
     )
-    partitions = cfg.kafka.partitions
     pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
 
     def replica(alias: str) -> Replica:
@@ -261,7 +260,6 @@ def serve_replica(
             pseudonymize,
             alias=alias,
             poll_interval_s=cfg.serving.poll_interval_s,
-            shard_of=lambda user: kafka_partition(user, partitions),
             inference="eager",  # as the store loads it: traced already when serving.inference says so
         )
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.core.partitioning import item_shard_key
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.feature_fallback import read_async
 
@@ -63,7 +62,6 @@ class Replica:
     alias: str = "champion"
     poll_interval_s: float = 1.0
     retry_failed_after_s: float = 30.0
-    shard_of: Callable[[str], int | None] | None = None  # raw user id -> its joiner partition
     on_swap: Callable[[], None] | None = None  # called on the watcher thread after each swap
     inference: str = "eager"  # serving.inference applied to each loaded version; eager: as the store loads it
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
@@ -170,8 +168,8 @@ class Replica:
         """Click probability of ``user_id`` for each candidate item, features included; ``dense``:
         each item's numeric impression inputs (``Impression.dense``; none: all missing, as in
         training)."""
-        current, user, shard_keys = self._begin(user_id, item_ids)
-        feats = None if self.features is None else self.features.get(user, shard_keys)
+        current, user = self._begin(user_id)
+        feats = None if self.features is None else self.features.get(user, list(item_ids))
         return self._finish(current, user, context, item_ids, feats, dense)
 
     async def ascore(
@@ -183,18 +181,17 @@ class Replica:
     ) -> ScoreResult:
         """:meth:`score` for a caller on the event loop: the feature read is awaited there (a
         reader without ``aget`` runs on the loop's default thread pool), the forward runs inline."""
-        current, user, shard_keys = self._begin(user_id, item_ids)
-        feats = None if self.features is None else await read_async(self.features, user, shard_keys)
+        current, user = self._begin(user_id)
+        feats = None if self.features is None else await read_async(self.features, user, list(item_ids))
         return self._finish(current, user, context, item_ids, feats, dense)
 
-    def _begin(self, user_id: str, item_ids: Sequence[str]) -> tuple[LoadedModel, str, list[str]]:
-        """The model this request finishes on, the user's pseudonym and the items' feature keys."""
+    def _begin(self, user_id: str) -> tuple[LoadedModel, str]:
+        """The model this request finishes on and the user's pseudonym (items are read by their id:
+        their statistics are global, :mod:`features.item_stage`)."""
         current = self._current  # taken once: this request finishes on this version
         if current is None:
             raise RuntimeError(f"replica {self.name} has no model yet (alias '{self.alias}' unset)")
-        # item statistics are per joiner shard: read the requesting user's shard
-        shard = self.shard_of(user_id) if self.shard_of is not None else None
-        return current, self.pseudonymize(user_id), [item_shard_key(i, shard) for i in item_ids]
+        return current, self.pseudonymize(user_id)
 
     def _finish(
         self,

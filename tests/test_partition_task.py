@@ -85,10 +85,15 @@ def test_resume_from_checkpoint_reemits_identical_examples(stop_after: int) -> N
     assert got == whole
 
 
-def test_item_statistics_are_keyed_by_shard() -> None:
+def test_a_task_counts_its_users_only() -> None:
+    """An item's traffic is in every partition: its counts are the item stage's (features.item_stage)."""
     task = PartitionTask(Config(), 2)
     task.offer("impression", 0, Impression("i1", T0, "u_1", "ad1", {}))
+    task.offer("impression", 1, Impression("i2", T0 + 1_000, "u_1", "ad1", {}))
     task.run(now=1e12)
+    task.joiner.flush()
     users, items = task.features.drain_dirty()
-    assert [r["item_id"] for r in items] == ["ad1@p2"]
-    assert [r["user_id"] for r in users] == ["u_1"]
+    assert [r["user_id"] for r in users] == ["u_1"] and users[0]["user_impressions_1h"] == 2 and not items
+    second = task.drain()[1]
+    assert second.stream_features["user_impressions_1h"] == 1.0  # the first, before the update
+    assert not [name for name in second.stream_features if not name.startswith("user_")]

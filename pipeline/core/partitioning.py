@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kafka.partitioner.default import murmur2
 
-__all__ = ["KeyHashes", "item_shard_key", "partition_of"]
+__all__ = ["KeyHashes", "partition_of"]
 
 
 class KeyHashes:
@@ -39,8 +39,3 @@ _HASHES = KeyHashes()
 def partition_of(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` among ``partitions``."""
     return _HASHES(key.encode("utf-8", "surrogatepass")) % partitions
-
-
-def item_shard_key(item_id: str, partition: int | None) -> str:
-    """The item entity key a shard writes and serving reads (no suffix when unsharded)."""
-    return item_id if partition is None else f"{item_id}@p{partition}"

@@ -264,12 +264,9 @@ class JoinerDaemon:
         self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
         self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
         users: list[FeatureRow] = []
-        items: list[FeatureRow] = []
         for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
-            u, i = task.features.drain_dirty()  # (keys never collide: a user lives in one partition,
-            users += u  # and item keys carry their shard)
-            items += i
-        self.features.push(users, items)
+            users += task.features.drain_dirty()[0]  # a user lives in one partition; items: ctr trainer's
+        self.features.push(users, [])
         try:
             committed = self.states.checkpoint(self.tasks)
         except REBALANCING as exc:  # the transaction aborted: nothing of it is visible

@@ -2,22 +2,20 @@
 
 Exactly-once effect:
 
-- each example's position (record offset and line, :mod:`pipeline.kafka.example_records`) is
-  tracked per ``topic:partition``; a block closes on an exact position, and
-  that position, the champion (weights *and* optimizer state) and the ids seen so far (dedup of the
-  joiner's replays) are checkpointed together, then the offsets are committed;
+- each example's position (record offset and line, :mod:`pipeline.kafka.example_records`) is tracked per
+  ``topic:partition``; a block closes on an exact position, and that position, the champion (weights *and*
+  optimizer state), the ids seen so far (dedup of the joiner's replays) and the item stage
+  (:mod:`pipeline.daemons.trainer_items`) are checkpointed together, then the offsets are committed;
 - a block that passes the gate is checkpointed as *pending* **before** it is registered, and the
-  registration is idempotent (a version whose lineage key matches is reused), so a crash between
-  the two (or an MLflow server that is down) ends in exactly one version once it is back;
+  registration is idempotent (a version whose lineage key matches is reused), so a crash between the two (or
+  an MLflow server that is down) ends in exactly one version once it is back;
 - on restart the trainer seeks to the checkpoint's offsets and re-reads what came after it.
 
-Blocks are cut in :class:`~pipeline.join.example_merge.ExampleMerge` order (the joiner writes partition
-task p's examples to partition p): an example is taken only when every partition has one buffered
-or is idle (silent ``daemon.idle_merge_s`` and read to its end), so the blocks, like ``ctr
-backtest``'s of the same stream, do not depend on how the partitions' fetches interleaved.
-
-After moving the alias, the trainer announces it on Redis so replicas swap without waiting for
-their next poll.
+Blocks are cut in :class:`~pipeline.join.example_merge.ExampleMerge` order (the joiner writes partition task
+p's examples to partition p): an example is taken only when every partition has one buffered or is idle
+(silent ``daemon.idle_merge_s`` and read to its end), so the blocks, like ``ctr backtest``'s of the same
+stream, do not depend on how the partitions' fetches interleaved. After moving the alias, the trainer
+announces it on Redis so replicas swap without waiting for a poll.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import LabelledExample
 from pipeline.core.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.daemons.trainer_items import TrainerItems
 from pipeline.daemons.trainer_metrics import collect, record_block
 from pipeline.daemons.trainer_metrics import declare as declare_metrics
 from pipeline.daemons.trainer_ranks import Leader
@@ -86,11 +85,11 @@ class TrainerDaemon:
             cfg.trainer, store, alias=cfg.registry.champion_alias, champion=champion, resume=False
         )
         self.trainer.blocks = meta.get("blocks", 0)
-        # per partition, the position of the next example (a checkpoint of before 2026-12 has offsets)
         self.pos: dict[str, int] = meta.get("positions") or from_offsets(meta.get("offsets", {}))
         self._closing_pos: dict[str, int] = {}
         self.block_closed_at = 0.0  # wall time the last block's last example was read
         self.seen: dict[str, int] = meta.get("seen", {})
+        self.items = TrainerItems(cfg, self.dir / "feast", meta.get("items"))  # global item features
         self.ab = ABReadout.from_dict(meta.get("ab", {}))  # per served version, checkpointed with the offsets
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
         self.source = KafkaExampleSource(
@@ -118,6 +117,7 @@ class TrainerDaemon:
             "blocks": self.trainer.blocks,
             "champion_version": self.trainer.champion_version,
             "ab": self.ab.to_dict(),
+            "items": self.items.to_state(),
             **extra,
         }
 
@@ -197,7 +197,7 @@ class TrainerDaemon:
                     self.seen[ex.example_id] = ex.impression.ts
                     self.counters["examples"] += 1
                     self.ab.add(ex.impression.model_version, ex.label, ex.impression.score)
-                    fresh.append(ex)
+                    fresh.append(self.items.attach(ex))  # global item features, in merge order
                     if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here
@@ -207,10 +207,12 @@ class TrainerDaemon:
                 self._add(fresh)  # fewer than a block: buffered (and encoded) now
                 if batch.dead:
                     self.dead.flush()
+                self.items.push(now)
                 idle = max_idle_s is not None and now - last_input >= max_idle_s and not self.merge.buffered
                 if idle and caught_up(self.source):
                     break
         finally:
+            self.items.push(time.monotonic(), force=True)  # a failed push is logged, never raised
             self.source.close()
             self.dead.close()
             if self.leader is not None:

@@ -12,9 +12,9 @@ while the other has a buffered head (or is idle past ``idle_s``), so the merged 
 partition's order (which Kafka fixes), not on how fetches interleave. A replay from a checkpoint
 therefore re-emits byte-identical examples, and downstream dedup by example id makes it harmless.
 
-Item statistics are shard-local: a task counts the items its users saw (item key ``<item>@p<p>``),
-and serving reads the item rows of the requesting user's partition, so training and serving read
-the same definition. Users' statistics are complete (a user lives in one partition).
+A task keeps its users' statistics, which are complete (a user lives in one partition). Item
+statistics are not counted here: a task sees 1/P of an item's traffic. They are the item stage's
+(:mod:`features.item_stage`), over every partition's examples in merge order.
 """
 
 from __future__ import annotations
@@ -28,27 +28,25 @@ from typing import Any
 from features.aggregations import StreamingFeatures
 from pipeline.core.config import Config
 from pipeline.core.events import Click, Impression, LabelledExample
-from pipeline.core.partitioning import item_shard_key
 from pipeline.join.joiner import Joiner
 
-__all__ = ["PartitionTask", "ShardedItems"]
+__all__ = ["PartitionTask", "UserFeatures"]
 
 
 @dataclass
-class ShardedItems:
-    """A feature tracker that keys item statistics by shard (see the module docstring)."""
+class UserFeatures:
+    """The joiner's feature tracker: the user's counters only (see the module docstring)."""
 
     inner: StreamingFeatures
-    partition: int | None
 
     def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, float]:
-        return self.inner.lookup(user_id, item_shard_key(item_id, self.partition), ts_ms)
+        return self.inner.lookup_user(user_id, ts_ms)
 
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None:
-        self.inner.record_impression(user_id, item_shard_key(item_id, self.partition), ts_ms)
+        self.inner.record_user(user_id, ts_ms, click=False)
 
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None:
-        self.inner.record_click(user_id, item_shard_key(item_id, self.partition), ts_ms)
+        self.inner.record_user(user_id, ts_ms, click=True)
 
 
 Event = Impression | Click
@@ -69,7 +67,7 @@ class PartitionTask:
         self.partition = partition
         self.idle_s = idle_s
         self.features = StreamingFeatures(cfg.features)
-        self.joiner = Joiner(cfg.joiner, ShardedItems(self.features, partition))
+        self.joiner = Joiner(cfg.joiner, UserFeatures(self.features))
         self.streams = {"impression": _Stream(), "click": _Stream()}
 
     # -- input -----------------------------------------------------------------------------------
@@ -140,7 +138,7 @@ class PartitionTask:
                 f"checkpoint of partition {state['partition']} loaded into task {self.partition}"
             )
         self.features = StreamingFeatures.from_state(state["features"], cfg.features)
-        self.joiner = Joiner(cfg.joiner, ShardedItems(self.features, self.partition))
+        self.joiner = Joiner(cfg.joiner, UserFeatures(self.features))
         self.joiner.load_state(state["joiner"])
         for kind, offset in state["next_offsets"].items():
             self.streams[kind] = _Stream(next_offset=offset, offered_upto=offset)

@@ -6,7 +6,7 @@ producers key records) with that partition's next offset, is validated by the sa
 :class:`~pipeline.core.events.Validator` (entry time from :class:`~pipeline.core.entered_time.EnteredTime`,
 the partition check), and is offered to that partition's
 :class:`~pipeline.join.partition_task.PartitionTask`: the same event-time merge of impressions and
-clicks, per-partition watermark, sharded item statistics and dedup as the joiner daemon. The
+clicks, per-partition watermark, user statistics and dedup as the joiner daemon. The
 tasks' examples leave in :class:`~pipeline.join.example_merge.ExampleMerge` order, which does not depend
 on batch sizes. Refused events become dead letters with the daemon's reasons.
 
@@ -87,15 +87,12 @@ class PartitionedJoin:
             self._drain(task)
         return self.merge.pop(done=lambda p: True)
 
-    def drain_features(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
-        """Every task's changed feature rows (user keys never collide; item keys carry their shard)."""
+    def drain_features(self) -> list[FeatureRow]:
+        """Every task's changed user rows (a user lives in one task; items are the item stage's)."""
         users: list[FeatureRow] = []
-        items: list[FeatureRow] = []
         for task in self.tasks:
-            u, i = task.features.drain_dirty()
-            users += u
-            items += i
-        return users, items
+            users += task.features.drain_dirty()[0]
+        return users
 
     @property
     def stats(self) -> dict[str, int]:

@@ -7,7 +7,8 @@ key *is* the state (which is what log compaction keeps):
 
 - ``u<user id>``: the user's feature counters and the joiner's entries of the user's impressions
   (:meth:`Joiner.entries`: pending, early click, finalised);
-- ``i<item key>``: one item's counters;
+- ``i<item key>``: one item's counters (written before the item stage took item counts to the
+  trainer: still read);
 - ``m``: the task's header: watermark and counters, the features' header, and per stream the first
   offset not yet processed. Written last in every checkpoint.
 

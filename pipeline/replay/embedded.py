@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from features.store import FeatureWriter, OnlineFeatureReader, open_store
 from pipeline.core.config import Config
-from pipeline.core.partitioning import partition_of
 from pipeline.core.pseudonyms import Pseudonymizer
 from pipeline.replay.sinks import JsonlDeadLetters
 from serving_bridge.fleet import Fleet
@@ -57,7 +56,6 @@ class EmbeddedStack:
                 pseudonymize,
                 alias=cfg.registry.champion_alias,
                 poll_interval_s=cfg.serving.poll_interval_s,
-                shard_of=lambda user: partition_of(user, cfg.kafka.partitions),  # the replay's item shards
                 inference=cfg.serving.inference,
             )
             for i in range(cfg.serving.replicas)

@@ -2,7 +2,8 @@
 
 Validation, the join and the streaming features are :class:`~pipeline.join.partitioned_join.PartitionedJoin`,
 i.e. the joiner daemon's partition tasks fed as Kafka would feed them; the examples reach the
-trainer in :class:`~pipeline.join.example_merge.ExampleMerge` order. The source, the dead-letter sink,
+trainer in :class:`~pipeline.join.example_merge.ExampleMerge` order, through the item stage
+(:mod:`features.item_stage`) as in ``ctr trainer``. The source, the dead-letter sink,
 the feature writer, the model store and the fleet are injected adapters.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from features.item_stage import ItemStage
 from pipeline.core.config import Config
 from pipeline.core.events import DeadLetter, LabelledExample
 from pipeline.core.types import RawEvent, Source
@@ -70,6 +72,7 @@ class OnlineLoop:
 
     def __post_init__(self) -> None:
         self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters)
+        self.items = ItemStage.of(self.cfg)
         self.result = LoopResult()
         self._since_push = 0
 
@@ -99,14 +102,15 @@ class OnlineLoop:
 
     def _push_features(self) -> None:
         self._since_push = 0
-        if self.feature_writer is not None:
-            self.feature_writer.push(*self.join.drain_features())
+        if self.feature_writer is not None:  # users from the tasks, items from the item stage
+            self.feature_writer.push(self.join.drain_features(), self.items.drain_rows())
 
     def _hand_over(self, examples: list[LabelledExample]) -> None:
         if not examples:
             return
         if self.on_examples is not None:
-            self.on_examples(examples)
+            self.on_examples(examples)  # as the joiner writes them to Kafka
+        self.items.attach(examples)
         self.result.examples += len(examples)
         position = self.source.snapshot()
         while examples:

@@ -31,9 +31,8 @@ from mlflow import MlflowClient
 from features.aggregations import StreamingFeatures
 from features.store import FeatureWriter, open_store
 from pipeline.core.config import Config, FeatureConfig, RegistryConfig
-from pipeline.core.partitioning import item_shard_key
 from pipeline.core.pseudonyms import Pseudonymizer
-from serving_bridge.server import NOTIFY_CHANNEL, kafka_partition
+from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.registry import MlflowModelStore
 from trainers.testing import tiny_learner
 
@@ -149,10 +148,9 @@ def fleet_env(services: dict[str, str], mlflow_scope, tmp_path: Path) -> Iterato
     cfg = Config()
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
     sf = StreamingFeatures(FeatureConfig())
-    for k, user in enumerate(USERS[:25]):  # half the users and their shards' items have features
-        shard = kafka_partition(user, cfg.kafka.partitions)
+    for k, user in enumerate(USERS[:25]):  # half the users and some items have features
         for item in ITEMS[: 5 + k % 10]:
-            sf.record_impression(pseudo(user), item_shard_key(item, shard), 1_767_225_600_000 + k)
+            sf.record_impression(pseudo(user), item, 1_767_225_600_000 + k)
     FeatureWriter(store, offline=False).push(*sf.drain_dirty())
     yield {
         **os.environ,
