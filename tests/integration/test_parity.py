@@ -1,6 +1,6 @@
 """One engine: a stream through `ctr backtest` and through the daemons over real Kafka, Redis and
-MLflow gives byte-identical examples (stream features included), the same blocks and the same
-block metrics.
+MLflow gives byte-identical examples (stream features included), the same blocks, the same
+block metrics and the same item rows for serving.
 
 The stream is the simulator's (its arrival order has duplicates, clicks before their impression
 and clicks past the window), with clicks produced keyed by something else than their user (so on
@@ -14,6 +14,7 @@ until idle. Only full blocks are compared: a backtest also scores its last, part
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,7 +26,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from features.item_stage import ItemStage
+from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
+from pipeline.core.events import LabelledExample
 from pipeline.core.partitioning import partition_of
 from pipeline.kafka.io import ensure_topics
 from pipeline.kafka.read import examples_to_end, read_to_end
@@ -38,7 +42,10 @@ HOUR_MS = 3_600_000
 
 
 def write_stream(path: Path) -> int:
-    events = list(Simulator(Config().simulator, seed=21).stream(IMPRESSIONS))
+    # 5 impressions/s: 30 min of event time, so the item stage (counting what came before the
+    # impression minus the attribution window and lag, 16 min) has something to count
+    sim = dataclasses.replace(Config().simulator, events_per_s=5.0)
+    events = list(Simulator(sim, seed=21).stream(IMPRESSIONS))
     last = max(e["ts"] for _, e in events)
     clicks = [e for kind, e in events if kind == "click"]
     for n, click in enumerate(clicks[:: len(clicks) // 30][:30]):  # produced keyed by something else
@@ -138,6 +145,16 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     assert len(produced) == len(messages) > 8_000  # no example twice
     assert produced == {i: v for i, v in replayed.items() if i not in closing}  # byte-identical
     assert trained["blocks"] == len(backtest_blocks) == len(produced) // BLOCK >= 4
+    # the item rows the trainer pushed for serving are the item stage's over the same examples in the
+    # merge order (the backtest's examples file is in that order; its closing examples aside)
+    stage = ItemStage.of(Config())
+    stage.attach([LabelledExample.from_json(v) for i, v in replayed.items() if i not in closing])
+    want = {row["item_id"]: row for row in stage.drain_rows()}
+    served = OnlineFeatureReader(connect_store(tmp_path / "state" / "trainer" / "feast")).get("-", [*want])
+    names = [n for n in served[0] if n.startswith("item_")]
+    assert len(want) > 100 and [[f[n] for n in names] for f in served] == [
+        [want[i][n] for n in names] for i in want
+    ]
     # the same dead letters, by reason (orphan clicks included)
     letters = Counter(
         json.loads(r.value)["reason"] for r in read_to_end(k.bootstrap_servers, k.dead_letter_topic)
