@@ -1,17 +1,18 @@
 """The joiner's state against its size: checkpoint cost and restore time, whole-state file vs changelog.
 
 For each size (users), one partition task is filled the joiner's way: one impression per user
-(event time 100 ms apart, 50 items, 5 % clicked), so it holds every user's and item's counters, the
-pending impressions of the last window and the finalised ids of the dedup horizon. Then, in the
+(event time 100 ms apart, 50 items, 5 % clicked), so it holds every user's counters (items are
+counted by the trainer's item stage since 2026-12-02; the figures before it had 50 item records
+more), the pending impressions of the last window and the finalised ids of the dedup horizon. Then, in the
 same run:
 
 - **before** (what the joiner did up to this change): every checkpoint writes the whole state as
   one JSON file (``write_json(to_state())``), and a moved task reads it back (``read_json`` +
   ``load_state``);
 - **after** (``pipeline/daemons/joiner_state.py``): the task's first checkpoint writes every user
-  and item to the changelog topic in one transaction (once in a task's life); then the task takes
+  to the changelog topic in one transaction (once in a task's life); then the task takes
   ``delta`` more events (a few seconds of a partition's input) and the next checkpoint writes only
-  the users and items they touched; a moved task reads its changelog partition and loads it.
+  the users they touched; a moved task reads its changelog partition and loads it.
 
 Reported per size: the records and seconds of both checkpoints, of both restores, and the whole
 file's size. Needs Kafka (``./deploy/services.sh up``); the topic is deleted afterwards.
