@@ -10,6 +10,7 @@ the daemons said what happened in their logs, and the replica answered every req
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -96,7 +97,7 @@ class Client(threading.Thread):
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     self.versions.add(json.loads(resp.read())["version"])
                     self.ok += 1
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:  # a reply cut short counts as failed
                 self.failed += 1
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {exc!r}"[:200])
             time.sleep(0.05)
