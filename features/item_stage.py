@@ -20,7 +20,7 @@ lag) behind the impressions.
 Counts are per impression (a click counts at its impression's time, once, as its label), where
 the joiner's shard counters count clicks at the click's time.
 
->>> from pipeline.core.config import Config, FeatureConfig
+>>> from pipeline.core.config import FeatureConfig
 >>> from pipeline.core.events import Impression, LabelledExample
 >>> stage = ItemStage(FeatureConfig(), delay_ms=60_000)
 >>> ex = lambda i, ts, label: LabelledExample(Impression(i, ts, "u", "ad-1"), label, ts)
@@ -53,7 +53,6 @@ class ItemStage:
     def __init__(self, cfg: FeatureConfig, delay_ms: int) -> None:
         if delay_ms < 0:
             raise ValueError(f"ItemStage: delay_ms must be >= 0, got {delay_ms}")
-        self.cfg = cfg
         self.delay_ms = delay_ms
         self.stats = StreamingFeatures(cfg)  # only its items are used
         # examples attached but not yet counted: (impression time, impression id, item, label)

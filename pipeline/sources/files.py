@@ -5,8 +5,8 @@ Real CTR logs come compressed (Avazu's ``train.gz``, Criteo's ``train.txt.gz``, 
 The standard library's codecs; their readers seek forward by decompressing, which is what a
 source's resume from a byte position needs.
 
->>> compressed(Path("train.gz")), compressed(Path("events.jsonl")), with_compression((".jsonl",))
-(True, False, ('.jsonl', '.jsonl.gz', '.jsonl.bz2', '.jsonl.xz'))
+>>> with_compression((".jsonl",))
+('.jsonl', '.jsonl.gz', '.jsonl.bz2', '.jsonl.xz')
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["compressed", "open_binary", "open_text", "with_compression"]
+__all__ = ["open_binary", "open_text", "with_compression"]
 
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-
-
-def compressed(path: Path) -> bool:
-    return path.suffix.lower() in _OPENERS
 
 
 def with_compression(suffixes: tuple[str, ...]) -> tuple[str, ...]:
