@@ -231,7 +231,7 @@ def trained(args: argparse.Namespace) -> tuple[TorchLearner, list[LabelledExampl
     examples = simulated_examples((args.blocks + 1) * args.block, args.seed)
     blocks = [examples[i * args.block : (i + 1) * args.block] for i in range(args.blocks + 1)]
     cfg = TrainerConfig(model=args.model, hash_buckets=args.buckets, device="cpu")
-    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(blocks[0]))
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(blocks[0]))
     t0 = time.perf_counter()
     for block in blocks[:-1]:
         learner.learn(block)

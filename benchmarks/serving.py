@@ -135,7 +135,7 @@ def publish_versions(args: argparse.Namespace, model_name: str, experiment: str)
     for seed in (1, 2):
         cfg = TrainerConfig(hash_buckets=args.buckets, device="cpu", seed=seed)
         examples = synthetic_examples(2_000, seed=seed)
-        learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+        learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
         learner.learn(examples)
         versions.append(store.publish(learner, {"block": seed}, {"logloss": 0.5}))
     store.set_alias("champion", versions[0])

@@ -18,10 +18,19 @@ in-order event is one add on the list's last element. Buckets older than the lon
 ``cfg.max_lateness_s`` behind the entity's newest bucket are expired (folded into ``base``); a
 later event than that is dropped and counted in :attr:`StreamingFeatures.late_dropped`.
 
->>> sf = StreamingFeatures(FeatureConfig())
+Behaviour sequences (``cfg.sequence_length`` K > 0): per user, the last K clicked items and their
+click times, in two list features, :data:`SEQUENCE_NAMES` (newest first). A lookup at ``ts`` shows
+the clicks recorded so far with a time in ``(ts - sequence_ttl_s, ts]``: the same rule,
+:func:`visible_sequence`, that serving applies to the stored row at request time.
+
+>>> sf = StreamingFeatures(FeatureConfig(sequence_length=2))
 >>> sf.record_impression("u1", "i1", 1_000)
 >>> sf.lookup("u1", "i1", 2_000)["user_impressions_1h"]
 1.0
+>>> for ts, item in ((3_000, "a"), (4_000, "b"), (5_000, "c")):
+...     sf.record_click("u1", item, ts)
+>>> sf.lookup_user("u1", 4_500)["user_clicked_items"], sf.lookup_user("u1", 9_000)["user_clicked_items"]
+(['b'], ['c', 'b'])
 """
 
 from __future__ import annotations
@@ -33,7 +42,15 @@ from typing import Any
 
 from pipeline.core.config import FeatureConfig
 
-__all__ = ["FEATURE_NAMES", "FeatureRow", "StreamingFeatures", "entity_feature_names", "feature_names"]
+__all__ = [
+    "FEATURE_NAMES",
+    "SEQUENCE_NAMES",
+    "FeatureRow",
+    "StreamingFeatures",
+    "entity_feature_names",
+    "feature_names",
+    "visible_sequence",
+]
 
 FeatureRow = dict[str, Any]  # join key, "event_timestamp" (tz-aware, UTC) and the entity's features
 
@@ -66,6 +83,23 @@ def feature_names(windows_s: Sequence[int]) -> tuple[str, ...]:
 
 
 FEATURE_NAMES: tuple[str, ...] = feature_names(FeatureConfig().windows_s)
+SEQUENCE_NAMES = ("user_clicked_items", "user_clicked_ts")  # list features: item ids, click times (ms)
+
+
+def visible_sequence(
+    items: Sequence[str], times: Sequence[int], at_ms: int, ttl_s: int
+) -> tuple[list[str], list[int]]:
+    """The entries of a stored sequence (newest first) that an impression at ``at_ms`` sees: click
+    time in ``(at_ms - ttl, at_ms]``. The joiner and serving both apply it, so they agree.
+
+    >>> visible_sequence(["c", "b", "a"], [30, 20, 10], at_ms=25, ttl_s=0)
+    ([], [])
+    >>> visible_sequence(["c", "b", "a"], [30_000, 20_000, 10_000], at_ms=25_000, ttl_s=10)
+    (['b'], [20000])
+    """
+    lo = at_ms - ttl_s * 1_000
+    keep = [k for k, t in enumerate(times) if lo < t <= at_ms]
+    return [items[k] for k in keep], [int(times[k]) for k in keep]
 
 
 class _Entity:
@@ -117,14 +151,20 @@ class StreamingFeatures:
         self._changed: tuple[set[str], set[str]] | None = None
         # an entity with no events: counts 0 and the same formula's CTR (= the prior, to the ulp)
         self._zero = [0.0, 0.0, self._a / self._a_over_prior] * len(self._spans)
+        self._seq_len, self._seq_ttl_s = cfg.sequence_length, cfg.sequence_ttl_s
+        self.sequence_names = SEQUENCE_NAMES if self._seq_len else ()
+        self._seqs: dict[str, list[tuple[int, str]]] = {}  # user -> (click ts, item), oldest first
         self.late_dropped = 0  # entity updates dropped: older than the retention behind its newest
 
     # -- hot path --------------------------------------------------------------------------------
-    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, float]:
+    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, Any]:
         """Features of (user, item) in the windows ending at ``ts_ms``, from what is recorded so far."""
         b = ts_ms // self._bucket_ms
         vals = self._values(self._users.get(user_id), b) + self._values(self._items.get(item_id), b)
-        return dict(zip(self.feature_names, vals))  # noqa: B905 (equal lengths; strict costs 0.5 µs)
+        out: dict[str, Any] = dict(zip(self.feature_names, vals))  # noqa: B905 (equal lengths; strict: 0.5 µs)
+        if self._seq_len:
+            self._attach_sequence(out, user_id, ts_ms)
+        return out
 
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None:
         """Count one impression of ``item_id`` to ``user_id`` at event time ``ts_ms``."""
@@ -135,15 +175,48 @@ class StreamingFeatures:
         """Count one click (``ts_ms``: the click's event time) for the user and the clicked item."""
         self._add(self._users, self._dirty_users, user_id, ts_ms, _CLICK)
         self._add(self._items, self._dirty_items, item_id, ts_ms, _CLICK)
+        if self._seq_len:
+            self._clicked(user_id, item_id, ts_ms)
 
-    def lookup_user(self, user_id: str, ts_ms: int) -> dict[str, float]:
+    def lookup_user(self, user_id: str, ts_ms: int) -> dict[str, Any]:
         """The user's features alone, in the windows ending at ``ts_ms``."""
         vals = self._values(self._users.get(user_id), ts_ms // self._bucket_ms)
-        return dict(zip(self.user_names, vals))  # noqa: B905 (equal lengths)
+        out: dict[str, Any] = dict(zip(self.user_names, vals))  # noqa: B905 (equal lengths)
+        if self._seq_len:
+            self._attach_sequence(out, user_id, ts_ms)
+        return out
 
-    def record_user(self, user_id: str, ts_ms: int, click: bool) -> None:
-        """Count one impression (or, ``click``, one click) of ``user_id`` at ``ts_ms``; no item."""
+    def record_user(self, user_id: str, ts_ms: int, click: bool, item_id: str | None = None) -> None:
+        """Count one impression (or, ``click``, one click of ``item_id``) of ``user_id`` at ``ts_ms``;
+        the item's own counters are not touched (the item stage's, :mod:`features.item_stage`)."""
         self._add(self._users, self._dirty_users, user_id, ts_ms, _CLICK if click else _IMP)
+        if click and item_id is not None and self._seq_len:
+            self._clicked(user_id, item_id, ts_ms)
+
+    def _clicked(self, user_id: str, item_id: str, ts_ms: int) -> None:
+        """Add a click to the user's sequence (in click-time order), keeping the newest K."""
+        seq = self._seqs.get(user_id)
+        if seq is None:
+            seq = self._seqs[user_id] = []
+        entry = (ts_ms, item_id)
+        if not seq or seq[-1] <= entry:
+            seq.append(entry)
+        else:  # a click attributed out of time order: its place by time (then item id)
+            seq.insert(bisect_left(seq, entry), entry)
+        if len(seq) > self._seq_len:
+            del seq[0]
+
+    def _attach_sequence(self, out: dict[str, Any], user_id: str, ts_ms: int) -> None:
+        seq = self._seqs.get(user_id, ())
+        items, times = visible_sequence(
+            [i for _, i in reversed(seq)], [t for t, _ in reversed(seq)], ts_ms, self._seq_ttl_s
+        )
+        out["user_clicked_items"], out["user_clicked_ts"] = items, times
+
+    def sequence(self, user_id: str) -> tuple[list[str], list[int]]:
+        """The user's stored sequence, newest first (every entry kept, whatever its age)."""
+        seq = self._seqs.get(user_id, ())
+        return [i for _, i in reversed(seq)], [t for t, _ in reversed(seq)]
 
     def lookup_item(self, item_id: str, ts_ms: int) -> dict[str, float]:
         """The item's features alone, in the windows ending at ``ts_ms``."""
@@ -209,9 +282,12 @@ class StreamingFeatures:
         dirty.add(key)
 
     # -- pushing and checkpoints -----------------------------------------------------------------
-    def defaults(self) -> dict[str, float]:
+    def defaults(self) -> dict[str, Any]:
         """Features of a (user, item) never seen: counts 0, CTR = the prior."""
-        return dict(zip(self.feature_names, self._zero + self._zero, strict=True))
+        out: dict[str, Any] = dict(zip(self.feature_names, self._zero + self._zero, strict=True))
+        if self._seq_len:
+            out["user_clicked_items"], out["user_clicked_ts"] = [], []
+        return out
 
     def drain_dirty(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
         """Rows of the users and items changed since the last drain, for the feature store.
@@ -226,6 +302,8 @@ class StreamingFeatures:
             self._changed[1].update(self._dirty_items)
         users = self._drain(self._users, self._dirty_users, "user_id", self.user_names)
         items = self._drain(self._items, self._dirty_items, "item_id", self.item_names)
+        for row in users if self._seq_len else ():  # the stored sequence, whole: serving filters it
+            row["user_clicked_items"], row["user_clicked_ts"] = self.sequence(row["user_id"])
         return users, items
 
     def track_changes(self, everything: bool = False) -> None:
@@ -273,6 +351,7 @@ class StreamingFeatures:
             "bucket_s": self.cfg.bucket_s,
             "users": dump(self._users),
             "items": dump(self._items),
+            "sequences": {u: _flat_sequence(seq) for u, seq in self._seqs.items()},
             "dirty_users": sorted(self._dirty_users),
             "dirty_items": sorted(self._dirty_items),
             "late_dropped": self.late_dropped,
@@ -282,6 +361,11 @@ class StreamingFeatures:
         """One user's counters as :meth:`to_state` writes them (None: no events yet)."""
         ent = self._users.get(user_id)
         return None if ent is None else _flat(ent)
+
+    def user_sequence_state(self, user_id: str) -> list[Any] | None:
+        """One user's sequence as :meth:`to_state` writes it (None: no click kept)."""
+        seq = self._seqs.get(user_id)
+        return _flat_sequence(seq) if seq else None
 
     @property
     def header(self) -> dict[str, Any]:
@@ -310,9 +394,18 @@ class StreamingFeatures:
             return out
 
         sf._users, sf._items = load(state["users"]), load(state["items"])
+        for user, flat_seq in state.get("sequences", {}).items():  # absent: written without sequences
+            pairs = [(int(t), str(i)) for t, i in zip(flat_seq[::2], flat_seq[1::2], strict=True)]
+            if sf._seq_len and pairs:
+                sf._seqs[user] = pairs[-sf._seq_len :]
         sf._dirty_users, sf._dirty_items = set(state["dirty_users"]), set(state["dirty_items"])
         sf.late_dropped = int(state.get("late_dropped", 0))
         return sf
+
+
+def _flat_sequence(seq: list[tuple[int, str]]) -> list[Any]:
+    """A sequence as ``[ts, item, ts, item, ...]``, oldest first."""
+    return [x for entry in seq for x in entry]
 
 
 def _flat(e: _Entity) -> list[int]:

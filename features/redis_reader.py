@@ -23,6 +23,7 @@ chooses between this reader and :class:`features.store.OnlineFeatureReader`.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -36,7 +37,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from features.aggregations import StreamingFeatures
+from features.aggregations import StreamingFeatures, visible_sequence
 from features.repo.definitions import JOIN_KEYS
 from pipeline.core.config import FeatureConfig
 
@@ -99,6 +100,14 @@ def _decode(raw: bytes | None) -> float | None:
     return out  # type: ignore[return-value]
 
 
+def _decode_sequence(reply: Sequence[bytes | None]) -> tuple[list[str], list[int]]:
+    """The stored behaviour sequence (item ids, click times), empty when the user has none."""
+    items_raw, times_raw = reply
+    items = list(ValueProto.FromString(items_raw).string_list_val.val) if items_raw else []
+    times = list(ValueProto.FromString(times_raw).int64_list_val.val) if times_raw else []
+    return items, times
+
+
 def _pack(*args: str | bytes) -> bytes:
     """One command in Redis' wire format (RESP), by hiredis, as redis-py itself packs it."""
     return hiredis.pack_command(cast(Any, args))
@@ -155,11 +164,14 @@ class RedisFeatureReader:
         self.client = client
         self.aclient = aclient  # a redis.asyncio.Redis for aget (None: aget is not available)
         self.project = project
-        sf = StreamingFeatures(cfg or FeatureConfig())
+        self.cfg = cfg or FeatureConfig()
+        sf = StreamingFeatures(self.cfg)
         self.feature_names = sf.feature_names
         self.user_names, self.item_names = sf.user_names, sf.item_names
         self._defaults = sf.defaults()
-        self._user_fields = [feature_field("user_stats", n) for n in sf.user_names]
+        # the behaviour sequence (if kept) is in the user's hash too: the same HMGET reads it
+        self.sequence_names = sf.sequence_names
+        self._user_fields = [feature_field("user_stats", n) for n in (*sf.user_names, *sf.sequence_names)]
         self._item_fields = [feature_field("item_stats", n) for n in sf.item_names]
         self._packed: dict[str, bytes] = {}  # item id -> its packed HMGET
 
@@ -188,25 +200,30 @@ class RedisFeatureReader:
 
     def read_raw(
         self, user_id: str, item_ids: Sequence[str]
-    ) -> tuple[dict[str, float | None], list[dict[str, float | None]]]:
-        """Stored values of the user and of each item (None where the store holds none)."""
+    ) -> tuple[dict[str, Any], list[dict[str, float | None]]]:
+        """Stored values of the user and of each item (None where the store holds none); the
+        user's stored behaviour sequence whole (no ttl applied), if it is kept."""
         payload, unique = self._request(user_id, item_ids)
         replies = self._fetch(payload, len(unique) + 1)
-        user = {n: _decode(r) for n, r in zip(self.user_names, replies[0], strict=True)}
+        n = len(self.user_names)
+        user: dict[str, Any] = {nm: _decode(r) for nm, r in zip(self.user_names, replies[0][:n], strict=True)}
+        if self.sequence_names:
+            user.update(zip(self.sequence_names, _decode_sequence(replies[0][n:]), strict=True))
         by_item = {
             item: {n: _decode(r) for n, r in zip(self.item_names, reply, strict=True)}
             for item, reply in zip(unique, replies[1:], strict=True)
         }
         return user, [by_item[i] for i in item_ids]
 
-    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        """One dict per candidate, keys in ``feature_names`` order, defaults where missing."""
+    def get(self, user_id: str, item_ids: list[str], at_ms: int | None = None) -> list[dict[str, Any]]:
+        """One dict per candidate, keys in ``feature_names`` order, defaults where missing; then
+        the user's behaviour sequence as seen at ``at_ms`` (default: now), if it is kept."""
         if not item_ids:
             return []
         payload, unique = self._request(user_id, item_ids)
-        return self._rows(unique, item_ids, self._fetch(payload, len(unique) + 1))
+        return self._rows(unique, item_ids, self._fetch(payload, len(unique) + 1), at_ms)
 
-    async def aget(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
+    async def aget(self, user_id: str, item_ids: list[str], at_ms: int | None = None) -> list[dict[str, Any]]:
         """:meth:`get` on the running event loop, bounded by the caller (``asyncio.timeout``, as
         :class:`serving_bridge.feature_fallback.FallbackFeatures` does): ``socket_timeout`` applies
         to :meth:`get` only. A read cancelled midway closes its connection, so no reply of it is
@@ -226,7 +243,7 @@ class RedisFeatureReader:
             raise
         finally:
             await pool.release(conn)
-        return self._rows(unique, item_ids, replies)
+        return self._rows(unique, item_ids, replies, at_ms)
 
     async def awarm(self, connections: int) -> None:
         """Open ``connections`` asyncio connections on the running loop and leave them in the pool,
@@ -274,20 +291,28 @@ class RedisFeatureReader:
             pool.release(conn)
 
     def _rows(
-        self, unique: list[str], item_ids: Sequence[str], replies: list[list[bytes | None]]
-    ) -> list[dict[str, float]]:
-        user = self._decoded(self.user_names, replies[0], {})
+        self, unique: list[str], item_ids: Sequence[str], replies: list[list[bytes | None]], at_ms: int | None
+    ) -> list[dict[str, Any]]:
+        n = len(self.user_names)
+        user = self._decoded(self.user_names, replies[0][:n], {})
         by_item = {
             item: self._decoded(self.item_names, reply, user.copy())
             for item, reply in zip(unique, replies[1:], strict=True)
         }
+        if self.sequence_names:  # after the item features: the readers' documented key order
+            items, times = _decode_sequence(replies[0][n:])
+            at = int(time.time() * 1000) if at_ms is None else at_ms
+            visible = visible_sequence(items, times, at, self.cfg.sequence_ttl_s)
+            seq = dict(zip(self.sequence_names, visible, strict=True))
+            for row in by_item.values():
+                row.update(seq)
         if len(unique) == len(item_ids):
             return list(by_item.values())
         return [dict(by_item[i]) for i in item_ids]  # a repeated candidate gets its own dict
 
     def _decoded(
-        self, names: Sequence[str], reply: list[bytes | None], row: dict[str, float]
-    ) -> dict[str, float]:
+        self, names: Sequence[str], reply: list[bytes | None], row: dict[str, Any]
+    ) -> dict[str, Any]:
         d = self._defaults
         for n, r in zip(names, reply, strict=True):
             v = _decode(r)

@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from string import Template
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
@@ -35,7 +37,13 @@ from feast import FeatureStore
 from feast.data_source import PushMode
 from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
-from features.aggregations import FeatureRow, StreamingFeatures, entity_feature_names
+from features.aggregations import (
+    SEQUENCE_NAMES,
+    FeatureRow,
+    StreamingFeatures,
+    entity_feature_names,
+    visible_sequence,
+)
 from features.repo.definitions import JOIN_KEYS, OFFLINE_DIR, TIMESTAMP_FIELD, definitions
 from pipeline.core.checkpoints import file_lock, temp_path
 from pipeline.core.config import FeatureConfig
@@ -125,6 +133,9 @@ def _arrow_schema(entity: str, cfg: FeatureConfig) -> pa.Schema:
     names = entity_feature_names(entity, cfg.windows_s)
     fields = [pa.field(JOIN_KEYS[entity], pa.string()), pa.field(TIMESTAMP_FIELD, pa.timestamp("us", "UTC"))]
     fields += [pa.field(n, pa.float64() if "_ctr_" in n else pa.int64()) for n in names]
+    if entity == "user" and cfg.sequence_length:
+        items, times = SEQUENCE_NAMES
+        fields += [pa.field(items, pa.list_(pa.string())), pa.field(times, pa.list_(pa.int64()))]
     return pa.schema(fields)
 
 
@@ -192,16 +203,19 @@ class OnlineFeatureReader:
 
     def __init__(self, store: FeatureStore, cfg: FeatureConfig | None = None) -> None:
         self.store = store
-        sf = StreamingFeatures(cfg or FeatureConfig())
+        self.cfg = cfg or FeatureConfig()
+        sf = StreamingFeatures(self.cfg)
         self.feature_names = sf.feature_names
         self._defaults = sf.defaults()
         self._refs = [f"user_stats:{n}" for n in sf.user_names] + [f"item_stats:{n}" for n in sf.item_names]
+        self._refs += [f"user_stats:{n}" for n in sf.sequence_names]
         # which ValueProto field holds each feature (Int64 counts, Float64 CTRs)
         self._fields = {n: "double_val" if "_ctr_" in n else "int64_val" for n in self.feature_names}
         self.get("", [""])  # warm up: the first call loads the registry and opens the connection
 
-    def get(self, user_id: str, item_ids: list[str]) -> list[dict[str, float]]:
-        """One dict per candidate, user and item features merged, keys in ``feature_names`` order."""
+    def get(self, user_id: str, item_ids: list[str], at_ms: int | None = None) -> list[dict[str, Any]]:
+        """One dict per candidate, user and item features merged, keys in ``feature_names`` order,
+        then the user's behaviour sequence as seen at ``at_ms`` (default: now) if it is kept."""
         if not item_ids:
             return []
         n = len(item_ids)
@@ -209,11 +223,22 @@ class OnlineFeatureReader:
             features=self._refs, entity_rows={"user_id": [user_id] * n, "item_id": list(item_ids)}
         ).proto
         by_name = dict(zip(proto.metadata.feature_names.val, proto.results, strict=True))
-        out: list[dict[str, float]] = [{} for _ in range(n)]
+        out: list[dict[str, Any]] = [{} for _ in range(n)]
         for name in self.feature_names:
             vec, field, default = by_name[name], self._fields[name], self._defaults[name]
             for row, value, status in zip(out, vec.values, vec.statuses, strict=True):
                 # Redis answers a missing entity with PRESENT and an empty value (SQLite: NOT_FOUND)
                 present = status == _PRESENT and value.HasField(field)
                 row[name] = float(getattr(value, field)) if present else default
+        if self.cfg.sequence_length:
+            items_name, times_name = SEQUENCE_NAMES
+            items, times = by_name[items_name].values[0], by_name[times_name].values[0]
+            seq = visible_sequence(
+                list(items.string_list_val.val),
+                list(times.int64_list_val.val),
+                int(time.time() * 1000) if at_ms is None else at_ms,
+                self.cfg.sequence_ttl_s,
+            )
+            for row in out:
+                row[items_name], row[times_name] = seq
         return out

@@ -41,7 +41,7 @@ def main(out: Path, resume: Path | None) -> None:
     examples = synthetic_examples(5000, seed=5)
     blocks = [examples[i : i + 1000] for i in range(0, 5000, 1000)]
     if resume is None:
-        learner, todo = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(blocks[0])), blocks[:3]
+        learner, todo = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(blocks[0])), blocks[:3]
     else:
         learner, todo = TorchLearner.load(resume), blocks[3:]
     result: dict[str, list[object]] = {"loss": [], "predictions": []}

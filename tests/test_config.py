@@ -103,7 +103,11 @@ def test_missing_file_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("CTR_TRAINER_MODEL", "xgb", "trainer.model must be one of 'deepfm', 'dcnv2', 'lr', got 'xgb'"),
+        (
+            "CTR_TRAINER_MODEL",
+            "xgb",
+            "trainer.model must be one of 'deepfm', 'dcnv2', 'lr', 'din', got 'xgb'",
+        ),
         ("CTR_TRAINER_DEVICE", "tpu", "trainer.device must be one of 'auto', 'cpu', 'cuda', got 'tpu'"),
         ("CTR_DAEMON_LOG_FORMAT", "xml", "daemon.log_format must be one of 'text', 'json'"),
         ("CTR_SERVING_FEATURE_PATH", "x", "serving.feature_path must be one of 'redis', 'feast'"),
@@ -285,3 +289,10 @@ def test_ctr_exits_2_naming_the_bad_variable(
     assert (
         "Config 'CTR_KAFKA_PARTITIONS' = 'abc': not an integer (kafka.partitions)" in capsys.readouterr().err
     )
+
+
+def test_din_without_behaviour_sequences_is_refused_with_what_to_set() -> None:
+    with pytest.raises(ConfigError, match=r"features\.sequence_length"):
+        load_config(env={"CTR_TRAINER_MODEL": "din"})
+    cfg = load_config(env={"CTR_TRAINER_MODEL": "din", "CTR_FEATURES_SEQUENCE_LENGTH": "30"})
+    assert (cfg.trainer.model, cfg.features.sequence_length) == ("din", 30)

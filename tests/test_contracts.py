@@ -19,7 +19,7 @@ from pipeline.checks import (
     check_model_store,
     check_source,
 )
-from pipeline.core.config import SimulatorConfig, TrainerConfig
+from pipeline.core.config import FeatureConfig, SimulatorConfig, TrainerConfig
 from pipeline.daemons.idempotent_store import IdempotentStore
 from pipeline.replay.backtest import LocalVersions
 from pipeline.sources.avazu import AvazuCsvSource
@@ -166,7 +166,7 @@ def torch_learner(model: str) -> Callable[[Any, int], TorchLearner]:
             device="cpu",
             seed=seed,
         )
-        return TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(train))
+        return TorchLearner(cfg, Encoder.for_trainer(cfg).fit(train))
 
     return make
 
@@ -206,6 +206,9 @@ def test_feature_reader_contract_embedded_feast(tmp_path: Path) -> None:
     reader = OnlineFeatureReader(store)
     check_feature_reader(reader, FeatureWriter(store))
     check_feature_reader(FallbackFeatures(reader), FeatureWriter(store))  # serving's wrapper of it
+    cfg = FeatureConfig(sequence_length=3)  # with the behaviour sequence's list features
+    seq_store = open_store(tmp_path / "feast-seq", "embedded", cfg=cfg)
+    check_feature_reader(OnlineFeatureReader(seq_store, cfg), FeatureWriter(seq_store, cfg), cfg=cfg)
 
 
 def test_the_trainer_daemon_store_raises_an_unknown_version_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,3 +156,21 @@ def test_state_round_trip(sf: StreamingFeatures) -> None:
 def test_bad_config_fails_loudly(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=f"features:|{next(iter(bad))}"):  # ranges: the config's own
         StreamingFeatures(replace(FeatureConfig(), **bad))  # type: ignore[arg-type]
+
+
+def test_behaviour_sequence_keeps_the_last_k_clicks_in_time_order_within_the_ttl() -> None:
+    sf = StreamingFeatures(FeatureConfig(sequence_length=3, sequence_ttl_s=60))
+    for ts, item in ((1_000, "a"), (5_000, "c"), (3_000, "b"), (7_000, "d")):  # "b" attributed late
+        sf.record_click("u", item, ts)
+    sf.record_user("v", 2_000, click=True, item_id="z")  # the joiner's path: the user's side only
+    assert sf.sequence("u") == (["d", "c", "b"], [7_000, 5_000, 3_000])  # "a" pushed out by K = 3
+    seen = sf.lookup_user("u", 6_000)
+    assert (seen["user_clicked_items"], seen["user_clicked_ts"]) == (["c", "b"], [5_000, 3_000])
+    assert sf.lookup_user("u", 66_000)["user_clicked_items"] == ["d"]  # 3 s and 5 s: past the 60 s ttl
+    assert sf.lookup("nobody", "x", 9_000)["user_clicked_items"] == []
+    assert sf.lookup_user("v", 2_000)["user_clicked_items"] == ["z"]
+    rows = {r["user_id"]: r for r in sf.drain_dirty()[0]}
+    assert rows["u"]["user_clicked_items"] == ["d", "c", "b"]  # the stored row, whole
+    again = StreamingFeatures.from_state(json.loads(json.dumps(sf.to_state())), sf.cfg)
+    assert again.sequence("u") == sf.sequence("u") and again.sequence("v") == (["z"], [2_000])
+    assert "user_clicked_items" not in StreamingFeatures(FeatureConfig()).lookup_user("u", 1)

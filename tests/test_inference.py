@@ -22,7 +22,7 @@ from trainers.inference import frozen_scorer, probe_inputs
 from trainers.learner import TorchLearner
 from trainers.testing import InMemoryModelStore, synthetic_examples
 
-MODELS = ["deepfm", "dcnv2", "lr"]
+MODELS = ["deepfm", "dcnv2", "lr", "din"]
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
@@ -33,7 +33,7 @@ def trained(model: str, device: str = "cpu", seed: int = 3, **kw: object) -> Tor
     base: dict[str, object] = dict(hash_buckets=1 << 12, embedding_dim=8, hidden=(32, 16), batch_size=256)
     cfg = TrainerConfig(**(base | kw), model=model, device=device, seed=seed)  # type: ignore[arg-type]
     examples = synthetic_examples(1_500, seed=seed)
-    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
     learner.learn(examples)
     return learner
 
@@ -53,7 +53,7 @@ def test_torchscript_gives_the_eager_probabilities(model: str, min_count: int, d
 @pytest.mark.parametrize("model", MODELS)
 def test_the_bf16_trace_cuda_runs_matches_eager_bf16_on_the_cpu(model: str) -> None:
     learner = trained(model)
-    dims = {"n_fields": len(learner.encoder.fields), "n_dense": len(learner.encoder.dense_names)}
+    dims = {"n_fields": learner.encoder.id_columns, "n_dense": len(learner.encoder.dense_names)}
     cpu = torch.device("cpu")
     scorer = frozen_scorer(learner.model, **dims, device=cpu, amp_dtype=torch.bfloat16)
     assert scorer is not None

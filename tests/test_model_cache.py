@@ -31,7 +31,7 @@ ITEMS = [f"item{i}" for i in range(100)]
 def _trained(seed: int) -> TorchLearner:
     cfg = TrainerConfig(hash_buckets=1 << 12, device="cpu", seed=seed)
     examples = synthetic_examples(600, seed=seed)
-    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
     learner.learn(examples)
     return learner
 

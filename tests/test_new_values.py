@@ -53,7 +53,7 @@ def test_a_new_value_of_an_always_on_field_scores_like_the_one_it_replaces(model
     gaps = {}
     for new_values in ("field_mean", "fresh"):
         cfg = small_cfg(model, new_values=new_values)
-        learner = TorchLearner(cfg, Encoder(BUCKETS).fit(block))
+        learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(block))
         learner.learn(block)
         old = learner.predict_logits(learner.encode(with_feature(probe, "hour", "00")))
         new = learner.predict_logits(learner.encode(with_feature(probe, "hour", "01")))

@@ -117,7 +117,9 @@ def test_pyfunc_load_by_alias(published):
             "item_id": ex.impression.item_id,
             "features": ex.impression.features,
             "dense": ex.impression.dense,
-            "stream_features": ex.stream_features,
+            # the documented input: the floats in stream_features, the sequence in its own column
+            "stream_features": {k: v for k, v in ex.stream_features.items() if k != "user_clicked_items"},
+            "user_clicked_items": ex.stream_features["user_clicked_items"],
         }
         for ex in data[:50]
     ]

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
@@ -46,9 +47,16 @@ class RecordedFeatures:
         return [dict(self.stream_features) for _ in item_keys]
 
 
-def _trained(examples: list[LabelledExample]) -> TorchLearner:
-    cfg = TrainerConfig(hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=64, device="cpu")
-    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+def _trained(examples: list[LabelledExample], model: str = "deepfm") -> TorchLearner:
+    cfg = TrainerConfig(
+        model=model,  # type: ignore[arg-type]
+        hash_buckets=1 << 12,
+        embedding_dim=4,
+        hidden=(8,),
+        batch_size=64,
+        device="cpu",
+    )
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
     learner.learn(examples)
     return learner
 
@@ -64,10 +72,12 @@ def _without_dense(ex: LabelledExample) -> LabelledExample:
     return dataclasses.replace(ex, impression=dataclasses.replace(ex.impression, dense={}))
 
 
-def test_the_request_path_gives_the_trainer_inputs_and_probabilities():
+@pytest.mark.parametrize("model", ["deepfm", "din"])  # din: the behaviour sequence read with the features
+def test_the_request_path_gives_the_trainer_inputs_and_probabilities(model: str):
     examples = [_without_dense(ex) for ex in synthetic_examples(600, seed=1)]
-    learner = _trained(examples)
-    for ex in examples[:25]:
+    learner = _trained(examples, model)
+    assert model != "din" or any(ex.stream_features["user_clicked_items"] for ex in examples[-25:])
+    for ex in examples[-25:]:  # late in the sample: users have clicked before
         imp = ex.impression
         features = RecordedFeatures(ex.stream_features)
         replica = _replica(learner, features)

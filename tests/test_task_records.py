@@ -43,11 +43,15 @@ def canonical(state: dict) -> str:
 
 
 @pytest.mark.parametrize("stop_after", [3, 20, 45])
-def test_a_task_restored_from_its_records_continues_exactly(stop_after: int) -> None:
+@pytest.mark.parametrize("sequence_length", [0, 3])
+def test_a_task_restored_from_its_records_continues_exactly(stop_after: int, sequence_length: int) -> None:
+    """Also with behaviour sequences, which live in the user's record beside its counters."""
+    cfg = Config()
+    cfg.features.sequence_length = sequence_length
     imps, clicks = streams()
-    whole = play(PartitionTask(Config(), 0), imps, clicks, seed=1)
+    whole = play(PartitionTask(cfg, 0), imps, clicks, seed=1)
 
-    first = PartitionTask(Config(), 0)
+    first = PartitionTask(cfg, 0)
     track(first)
     log: dict[bytes, bytes] = {}
     got: list = []
@@ -60,14 +64,16 @@ def test_a_task_restored_from_its_records_continues_exactly(stop_after: int) -> 
             checkpoint(first, log)
     checkpoint(first, log)
 
-    state = state_from_records(log, Config().joiner)
+    state = state_from_records(log, cfg.joiner)
     assert state is not None
     assert canonical(state) == canonical(first.to_state())
-    second = PartitionTask(Config(), 0)
-    second.load_state(state, Config())
+    second = PartitionTask(cfg, 0)
+    second.load_state(state, cfg)
     offsets = state["next_offsets"]
     got += play(second, imps, clicks, seed=2, start=(offsets["impression"], offsets["click"]))
     assert got == whole
+    longest = max(len(json.loads(features).get("user_clicked_items", ())) for _, _, features in whole)
+    assert longest == sequence_length  # sequences were attached (and restored) when kept
 
 
 def test_a_checkpoint_writes_the_users_that_changed_not_the_whole_state() -> None:

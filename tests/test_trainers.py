@@ -57,7 +57,7 @@ def test_set():
 
 
 def learner(model: str, rows, **kw: object) -> TorchLearner:
-    return TorchLearner(small_cfg(model, **kw), Encoder(BUCKETS).fit(rows))
+    return TorchLearner(small_cfg(model, **kw), Encoder.for_trainer(small_cfg(model, **kw)).fit(rows))
 
 
 # -- encoder ---------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ later model version reads its inputs the same way (a serving replica and the tra
 - dense inputs: the sorted ``impression.dense`` keys and streaming-feature names of the fitting block.
   Rates (a name containing ``ctr`` or ``rate``) pass through raw; anything else is treated as a count
   and compressed with a signed ``log1p``. A missing dense value is 0.
+- the behaviour sequence, for sequence models only (``sequence_length`` L > 0): the user's newest L
+  clicked items (the ``user_clicked_items`` list feature, newest first) as L more id columns after
+  the fields, each hashed exactly as the ``item_id`` field hashes a candidate (so a clicked item and
+  a candidate share their embedding row); -1 where the sequence is shorter.
 
 >>> from pipeline.core.events import Impression
 >>> enc = Encoder(hash_buckets=1 << 10)
@@ -29,15 +33,18 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
 
-__all__ = ["MISSING", "EncodedBatch", "Encoder", "Row", "rows_of", "stable_hash"]
+__all__ = ["MISSING", "NO_ITEM", "SEQUENCE_KEY", "EncodedBatch", "Encoder", "Row", "rows_of", "stable_hash"]
 
 MISSING = "<missing>"
+SEQUENCE_KEY = "user_clicked_items"  # the stream feature holding the behaviour sequence (newest first)
+NO_ITEM = -1  # an id column of the behaviour sequence past its end
 _SPEC_VERSION = 1
 _CACHE_LIMIT = 2_000_000  # tokens remembered per encoder before the memo is reset (bounds memory)
 
-Row = tuple[Impression, Mapping[str, float]]
+Row = tuple[Impression, Mapping[str, Any]]  # stream features: floats, and list features
 
 
 def stable_hash(token: str, buckets: int) -> int:
@@ -53,7 +60,8 @@ def rows_of(examples: Iterable[LabelledExample]) -> list[Row]:
 
 @dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """Model inputs for ``n`` rows: hashed ids ``(n, fields)`` int64, dense ``(n, d)`` float32."""
+    """Model inputs for ``n`` rows: hashed ids ``(n, fields [+ sequence])`` int64, dense ``(n, d)``
+    float32."""
 
     ids: np.ndarray
     dense: np.ndarray
@@ -65,6 +73,10 @@ class EncodedBatch:
     def __getitem__(self, index: slice | np.ndarray) -> EncodedBatch:
         labels = None if self.labels is None else self.labels[index]
         return EncodedBatch(self.ids[index], self.dense[index], labels)
+
+    def first_columns(self, n: int) -> EncodedBatch:
+        """The batch with only its first ``n`` id columns (the fields, without a behaviour sequence)."""
+        return self if self.ids.shape[1] == n else EncodedBatch(self.ids[:, :n], self.dense, self.labels)
 
     @staticmethod
     def concat(parts: Sequence[EncodedBatch]) -> EncodedBatch:
@@ -87,10 +99,11 @@ def _is_rate(name: str) -> bool:
 class Encoder:
     """Stable hashed categorical ids plus dense inputs; schema fixed by :meth:`fit`."""
 
-    def __init__(self, hash_buckets: int) -> None:
+    def __init__(self, hash_buckets: int, sequence_length: int = 0) -> None:
         if hash_buckets < 2:
             raise ValueError(f"Encoder: hash_buckets must be >= 2, got {hash_buckets}")
         self.hash_buckets = hash_buckets
+        self.sequence_length = sequence_length  # behaviour-sequence id columns after the fields
         self.fields: list[str] = []
         self.dense_keys: list[str] = []  # from impression.dense
         self.stream_keys: list[str] = []  # from the streaming features
@@ -98,6 +111,11 @@ class Encoder:
         # field -> value -> bucket. A pure memo of stable_hash: never part of the spec.
         self._cache: dict[str, dict[str, int]] = {}
         self._cached = 0
+
+    @classmethod
+    def for_trainer(cls, cfg: TrainerConfig) -> Encoder:
+        """The (unfitted) encoder of ``cfg.model``: with the behaviour-sequence columns for DIN."""
+        return cls(cfg.hash_buckets, cfg.sequence_length if cfg.model == "din" else 0)
 
     # -- schema ----------------------------------------------------------------------------------
     @property
@@ -107,6 +125,11 @@ class Encoder:
     @property
     def dense_names(self) -> list[str]:
         return self.dense_keys + self.stream_keys
+
+    @property
+    def id_columns(self) -> int:
+        """Columns of :attr:`EncodedBatch.ids`: the fields, then the behaviour sequence's."""
+        return len(self.fields) + self.sequence_length
 
     def fit(self, rows: Sequence[Row] | Sequence[LabelledExample]) -> Encoder:
         """Fix the schema from the field names of ``rows`` (values are not looked at)."""
@@ -119,11 +142,16 @@ class Encoder:
         for imp, sf in pairs:
             feats.update(imp.features)
             dense.update(imp.dense)
-            stream.update(sf)
+            stream.update(k for k, v in sf.items() if not isinstance(v, list))  # sequences: not dense
         # user_id/item_id come first and are not duplicated if a feature reuses the name.
         self.fields = ["user_id", "item_id", *sorted(feats - {"user_id", "item_id"})]
         self.dense_keys = sorted(dense)
         self.stream_keys = sorted(stream)
+        if self.sequence_length and not any(SEQUENCE_KEY in sf for _, sf in pairs):
+            raise ValueError(
+                f"Encoder.fit: a sequence model needs the examples' behaviour sequences ({SEQUENCE_KEY}), "
+                "and these carry none: set features.sequence_length > 0 (the joiner then attaches them)"
+            )
         self._fitted = True
         return self
 
@@ -137,13 +165,14 @@ class Encoder:
             "fields": list(self.fields),
             "dense_keys": list(self.dense_keys),
             "stream_keys": list(self.stream_keys),
+            **({"sequence_length": self.sequence_length} if self.sequence_length else {}),
         }
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Encoder:
         if spec.get("version") != _SPEC_VERSION or spec.get("hash") != "blake2b64":
             raise ValueError(f"Encoder.from_spec: unsupported spec {dict(spec)!r}")
-        enc = cls(int(spec["hash_buckets"]))
+        enc = cls(int(spec["hash_buckets"]), int(spec.get("sequence_length", 0)))
         enc.fields = [str(f) for f in spec["fields"]]
         enc.dense_keys = [str(k) for k in spec["dense_keys"]]
         enc.stream_keys = [str(k) for k in spec["stream_keys"]]
@@ -163,7 +192,7 @@ class Encoder:
             labels = np.fromiter((ex.label for ex in rows), dtype=np.float32, count=len(rows))  # type: ignore[union-attr]
         pairs = _as_rows(rows)
         n = len(pairs)
-        ids = np.empty((n, len(self.fields)), dtype=np.int64)
+        ids = np.empty((n, self.id_columns), dtype=np.int64)
         imps = [imp for imp, _ in pairs]
         for j, name in enumerate(self.fields):
             if name == "user_id":
@@ -173,6 +202,9 @@ class Encoder:
             else:
                 col = [imp.features.get(name, MISSING) for imp in imps]
             ids[:, j] = self._bucket_column(name, col)
+        if self.sequence_length:
+            for r, (_, sf) in enumerate(pairs):
+                ids[r, len(self.fields) :] = self._sequence_ids(sf.get(SEQUENCE_KEY, ()))
         dense = np.zeros((n, len(self.dense_names)), dtype=np.float32)
         for j, key in enumerate(self.dense_keys):
             dense[:, j] = [imp.dense.get(key, 0.0) for imp in imps]
@@ -188,7 +220,7 @@ class Encoder:
         item_ids: Sequence[str],
         context: Mapping[str, str],
         dense: Sequence[Mapping[str, float]] | None,
-        stream: Sequence[Mapping[str, float]],
+        stream: Sequence[Mapping[str, Any]],
     ) -> EncodedBatch:
         """What :meth:`encode` gives for one serving request's rows, ``Impression(_, _, user_id,
         item, context, dense[k])`` with ``stream[k]`` for the k-th item, without building them:
@@ -198,13 +230,15 @@ class Encoder:
         n = len(item_ids)
         if len(stream) != n or (dense is not None and len(dense) != n):
             raise ValueError(f"Encoder.encode_request: {n} items, {len(stream)} feature rows")
-        ids = np.empty((n, len(self.fields)), dtype=np.int64)
+        ids = np.empty((n, self.id_columns), dtype=np.int64)
         for j, name in enumerate(self.fields):
             if name == "item_id":
                 ids[:, j] = self._bucket_column(name, list(item_ids))
             else:
                 value = user_id if name == "user_id" else context.get(name, MISSING)
                 ids[:, j] = self._bucket_column(name, [value])[0]
+        if self.sequence_length and n:  # the user's: the same on every row
+            ids[:, len(self.fields) :] = self._sequence_ids(stream[0].get(SEQUENCE_KEY, ()))
         out = np.zeros((n, len(self.dense_names)), dtype=np.float32)
         if dense is not None:
             for j, key in enumerate(self.dense_keys):
@@ -223,6 +257,11 @@ class Encoder:
         # A non-finite input would poison every weight it touches: zero it (validation should
         # already have rejected it; stream features come from our own aggregations).
         np.nan_to_num(dense, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _sequence_ids(self, items: Sequence[str]) -> list[int]:
+        """The id columns of a behaviour sequence: its newest entries hashed as ``item_id`` values."""
+        ids = self._bucket_column("item_id", list(items[: self.sequence_length]))
+        return ids + [NO_ITEM] * (self.sequence_length - len(ids))
 
     def _bucket_column(self, name: str, col: list[str]) -> list[int]:
         cache = self._cache.get(name)

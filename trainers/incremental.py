@@ -263,7 +263,7 @@ class IncrementalTrainer:
         order = np.argsort(ts, kind="stable")  # stable: newest last, for the holdout
         block = [block[i] for i in order]
         if self.champion is None:
-            encoder = Encoder(self.cfg.hash_buckets).fit(block)
+            encoder = Encoder.for_trainer(self.cfg).fit(block)
             self.champion = TorchLearner(self.cfg, encoder)  # untrained: block 1's scorer and base
         champion = self.champion
         if encoded is not None and encoded_with is champion.encoder:
@@ -277,9 +277,10 @@ class IncrementalTrainer:
         online = block_metrics(y, p_online)
         p_static = self.static.predict(batch) if self.static is not None else None
         static = block_metrics(y, p_static) if p_static is not None else None
-        p_base = {name: b.predict(batch) for name, b in self.baselines.items()}
+        fields = batch.first_columns(len(champion.encoder.fields))  # references read no sequence
+        p_base = {name: b.predict(fields) for name, b in self.baselines.items()}
         for b in self.baselines.values():
-            b.learn(batch)  # the whole block, holdout included: a reference learner needs no gate
+            b.learn(fields)  # the whole block, holdout included: a reference learner needs no gate
 
         n = len(batch)
         n_hold = min(n - 1, max(1, round(n * self.cfg.holdout_fraction)))

@@ -218,6 +218,8 @@ class TorchLearner:
         """``shard=False``: hold the whole tables even under torchrun (a copy to publish)."""
         if not encoder.fitted:
             raise ValueError("TorchLearner: the encoder is not fitted; fit it on the first block")
+        if model is None and cfg.model == "din" and not encoder.sequence_length:
+            raise ValueError("TorchLearner: din reads the behaviour sequence: use Encoder.for_trainer(cfg)")
         self.cfg = cfg
         self.encoder = encoder
         # Under torchrun (a default process group of 2+ ranks), this rank holds its share of every
@@ -236,6 +238,7 @@ class TorchLearner:
                 hidden=cfg.hidden,
                 min_count=cfg.min_count,
                 new_values=cfg.new_values,
+                sequence_length=encoder.sequence_length,
             )
             # Seeded init without disturbing the caller's global RNG stream; sharded, each rank
             # draws the whole model's numbers and keeps its rows of the tables.
@@ -348,7 +351,7 @@ class TorchLearner:
         if path == "torchscript" and self.sharding is None:  # a sharded lookup is a collective
             self._scorer = frozen_scorer(
                 self.model,
-                n_fields=len(self.encoder.fields),
+                n_fields=self.encoder.id_columns,
                 n_dense=len(self.encoder.dense_names),
                 device=self.device,
                 amp_dtype=self._amp_dtype,
@@ -461,7 +464,7 @@ class TorchLearner:
         if scorer.is_file():
             learner._scorer = load_scorer(
                 scorer,
-                n_fields=len(learner.encoder.fields),
+                n_fields=learner.encoder.id_columns,
                 n_dense=len(learner.encoder.dense_names),
                 hash_buckets=learner.encoder.hash_buckets,
                 device=learner.device,

@@ -7,8 +7,9 @@ any environment that has the ``ctr-online`` package installed.
 
 Input (the model's signature): a pandas DataFrame or a list of dicts, one row per impression, with
 ``user_id``, ``item_id``, ``features`` (str -> str), ``dense`` (str -> float) and
-``stream_features`` (str -> float); the maps may be empty but must be there. Output: a numpy array
-of click probabilities.
+``stream_features`` (str -> float); the maps may be empty but must be there; and, optional, the
+user's behaviour sequence ``user_clicked_items`` (item ids, newest first: what DIN attends over).
+Output: a numpy array of click probabilities.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 from pipeline.core.events import Impression
+from trainers.encoding import SEQUENCE_KEY
 
 __all__ = ["CtrPyfuncModel", "rows_from_records"]
 
 
-def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression, Mapping[str, float]]]:
-    """``(Impression, stream_features)`` rows from plain records (missing dicts become empty)."""
-    rows: list[tuple[Impression, Mapping[str, float]]] = []
+def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression, Mapping[str, Any]]]:
+    """``(Impression, stream_features)`` rows from plain records (missing dicts become empty; the
+    behaviour sequence, if given, joins the stream features as the joiner attaches it)."""
+    rows: list[tuple[Impression, Mapping[str, Any]]] = []
     for i, r in enumerate(records):
         imp = Impression(
             str(r.get("impression_id", i)),
@@ -37,7 +40,11 @@ def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression
             _dict(r.get("features")),
             _dict(r.get("dense")),
         )
-        rows.append((imp, _dict(r.get("stream_features"))))
+        stream = _dict(r.get("stream_features"))
+        sequence = r.get(SEQUENCE_KEY)
+        if sequence is not None and not isinstance(sequence, float):  # a DataFrame's gap is NaN
+            stream[SEQUENCE_KEY] = [str(x) for x in sequence]
+        rows.append((imp, stream))
     return rows
 
 

@@ -1,7 +1,9 @@
 """CTR models over hashed categorical ids and dense inputs.
 
 Every model is an ``nn.Module`` built from a JSON-able spec (``MODELS[spec["type"]](spec)``) whose
-``forward(ids, dense)`` returns one logit per row. Categorical ids index hashed tables with sparse
+``forward(ids, dense)`` returns one logit per row. A sequence model (DIN) reads ``ids`` as the
+fields' columns followed by ``spec["sequence_length"]`` columns of the user's clicked items (-1 past
+the sequence's end; :mod:`trainers.encoding`). Categorical ids index hashed tables with sparse
 gradients (:class:`HashedEmbedding`; the optimizer only touches the rows a batch used): ``wide``, one
 first-order weight per hashed value (DeepFM, LR), and ``embedding``, one vector per hashed value
 (DeepFM, DCN-V2). The learner picks each table's optimizer by that name.
@@ -25,7 +27,16 @@ from torch import nn
 
 from trainers.sharding import ShardedRows, built_for
 
-__all__ = ["MODELS", "DCNv2", "DeepFM", "HashedEmbedding", "LogisticRegression", "build_model", "model_spec"]
+__all__ = [
+    "DIN",
+    "MODELS",
+    "DCNv2",
+    "DeepFM",
+    "HashedEmbedding",
+    "LogisticRegression",
+    "build_model",
+    "model_spec",
+]
 
 _INIT_STD = 0.01  # small embeddings: the FM term starts near zero instead of dominating the logit
 _MEAN_ROWS = 16_384  # rows a field's mean is taken over: the newest traffic, a few ms per block
@@ -80,6 +91,7 @@ class HashedEmbedding(nn.Module):
         self, hash_buckets: int, dim: int, *, min_count: int = 0, n_fields: int = 0, warm_start: bool = False
     ) -> None:
         super().__init__()
+        self.n_fields = int(n_fields)  # admit/refresh read these first columns (a sequence may follow)
         self.min_count = int(min_count)
         self.warm_start = bool(warm_start) and self.min_count == 0 and n_fields > 0
         extra = n_fields if self.min_count > 0 else 0
@@ -101,6 +113,7 @@ class HashedEmbedding(nn.Module):
     def admit(self, ids: torch.Tensor) -> None:
         """``(n, fields)`` ids of a block about to be learned: count them (``min_count``), and start
         each value never learned from its row plus its field's mean (``warm_start``)."""
+        ids = ids[:, : self.n_fields] if self.n_fields else ids
         if self.min_count > 0:
             flat = ids.reshape(-1)
             self.counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
@@ -123,7 +136,7 @@ class HashedEmbedding(nn.Module):
         """After learning a block: each field's mean row over the newest :data:`_MEAN_ROWS` of its
         ``(n, fields)`` ids (traffic-weighted; the learner passes a block in event-time order)."""
         if self.warm_start and ids.numel():
-            self.field_mean.copy_(self.table(ids[-_MEAN_ROWS:]).float().mean(0))
+            self.field_mean.copy_(self.table(ids[-_MEAN_ROWS:, : self.n_fields]).float().mean(0))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``(n, fields)`` ids -> ``(n, fields, dim)`` vectors."""
@@ -135,6 +148,20 @@ class HashedEmbedding(nn.Module):
             unseen = ~self.seen.index_select(0, ids.reshape(-1)).reshape(ids.shape)
             out = out + unseen.unsqueeze(-1).to(out.dtype) * self.field_mean.to(out.dtype)
         return out
+
+    def field_vectors(self, ids: torch.Tensor, field: int) -> torch.Tensor:
+        """``(n, k)`` values of field ``field`` (-1: none) -> ``(n, k, dim)``, read as :meth:`forward`
+        reads that field's column, and 0 where there is no value (a behaviour sequence's end)."""
+        present = ids >= 0
+        ids = ids.clamp(min=0)
+        if self.min_count > 0:
+            seen = self.counts.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            ids = torch.where(seen >= self.min_count, ids, self.rare[field].expand_as(ids))
+        out: torch.Tensor = self.table(ids)
+        if self.warm_start and not self.training:
+            unseen = ~self.seen.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            out = out + unseen.unsqueeze(-1).to(out.dtype) * self.field_mean[field].to(out.dtype)
+        return out * present.unsqueeze(-1).to(out.dtype)
 
 
 def _warm(spec: Mapping[str, Any]) -> bool:
@@ -221,6 +248,66 @@ class DeepFM(_WithLinearPart):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
 
+class DIN(_WithLinearPart):
+    """DIN (Zhou et al. 2018) on the shared hashed embedding, with DeepFM's wide and FM parts.
+
+    The candidate item's vector attends over the vectors of the user's last clicked items (the
+    ``item_id`` rows of the same table): an MLP over ``[q, k, q*k, q-k]`` scores each behaviour,
+    the scores weight the behaviours' vectors (unnormalised, as in the paper, so the interest's size
+    says how much the user did; entries past the sequence's end are masked to 0) and their sum is
+    the user's interest in this candidate. The interest joins the fields' vectors: in the FM term
+    (its dot product with the candidate is the "is like what the user clicked" signal) and in the
+    MLP. Like DeepFM it starts as its linear part (the MLP's last layer at 0); an empty sequence
+    gives a zero interest, i.e. DeepFM.
+    """
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.spec = dict(spec)
+        n_fields, n_dense = int(spec["n_fields"]), int(spec["n_dense"])
+        dim = int(spec["embedding_dim"])
+        self.n_fields, self.item_field = n_fields, int(spec.get("item_field", 1))
+        self.wide = _zero_table(int(spec["hash_buckets"]), n_fields, warm_start=_warm(spec))
+        self.embedding = _embedding(spec)
+        self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
+        self.bias = nn.Parameter(torch.zeros(1))
+        attention: list[nn.Module] = []
+        width = 4 * dim
+        for h in spec.get("attention_hidden", [32]):
+            attention += [nn.Linear(width, int(h)), nn.ReLU()]
+            width = int(h)
+        attention.append(nn.Linear(width, 1))
+        self.attention = nn.Sequential(*attention)
+        layers: list[nn.Module] = []
+        width = (n_fields + 1) * dim + n_dense
+        for h in spec["hidden"]:
+            layers += [nn.Linear(width, int(h)), nn.ReLU()]
+            width = int(h)
+        layers.append(_zero_linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def interest(self, ids: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``(n, dim)``: the behaviours' vectors weighted by their attention to the candidate."""
+        seq = ids[:, self.n_fields :]
+        k = self.embedding.field_vectors(seq, self.item_field)  # (n, L, dim), 0 past the end
+        q = v[:, self.item_field].unsqueeze(1).expand_as(k)
+        scores = self.attention(torch.cat([q, k, q * k, q - k], dim=2)).squeeze(2)
+        weights = scores * (seq >= 0).to(scores.dtype)
+        out: torch.Tensor = (weights.unsqueeze(2) * k).sum(1)
+        return out
+
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        fields = ids[:, : self.n_fields]
+        v = self.embedding(fields)
+        logit = self.linear_logit(fields, dense)
+        vs = torch.cat([v, self.interest(ids, v).unsqueeze(1)], dim=1)
+        s = vs.sum(1)
+        fm = 0.5 * (s * s - (vs * vs).sum(1)).sum(1)
+        deep = self.mlp(torch.cat([vs.flatten(1), dense], dim=1)).squeeze(1)
+        out: torch.Tensor = logit + fm + deep.float()
+        return out
+
+
 class CrossLayer(nn.Module):
     """One DCN-V2 cross layer: ``x_{l+1} = x0 * (W x_l + b) + x_l`` (full-rank ``W``)."""
 
@@ -299,6 +386,7 @@ class LogisticRegression(_WithLinearPart):
 MODELS: dict[str, Callable[[Mapping[str, Any]], nn.Module]] = {
     "dcnv2": DCNv2,
     "deepfm": DeepFM,
+    "din": DIN,
     "lr": LogisticRegression,
 }
 
@@ -314,10 +402,12 @@ def model_spec(
     cross_layers: int = 3,
     min_count: int = 0,
     new_values: str = "fresh",
+    sequence_length: int = 0,
 ) -> dict[str, Any]:
     """The JSON-able spec a model is rebuilt from (``cross_layers``: DCN-V2 only; ``min_count``:
     frequency admission of the embedding vectors, 0 = off; ``new_values``: how values training never
-    saw are scored, ``"field_mean"`` or ``"fresh"``; both: see :class:`HashedEmbedding`)."""
+    saw are scored, ``"field_mean"`` or ``"fresh"``; both: see :class:`HashedEmbedding`;
+    ``sequence_length``: DIN only, the behaviour-sequence columns after the fields, at least 1)."""
     if kind not in MODELS:
         raise ValueError(f"model_spec: unknown model {kind!r}; known: {sorted(MODELS)}")
     spec: dict[str, Any] = {
@@ -334,6 +424,10 @@ def model_spec(
         spec["new_values"] = new_values
     if kind == "dcnv2":
         spec["cross_layers"] = int(cross_layers)
+    if kind == "din":
+        if sequence_length < 1:
+            raise ValueError("model_spec: din needs sequence_length >= 1 (the behaviour-sequence columns)")
+        spec |= {"sequence_length": int(sequence_length), "item_field": 1, "attention_hidden": [32]}
     return spec
 
 

@@ -39,9 +39,10 @@ import torch
 from mlflow.entities import LoggedModelOutput, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
-from mlflow.types.schema import ColSpec, DataType, Map, Schema
+from mlflow.types.schema import Array, ColSpec, DataType, Map, Schema
 
 from pipeline.core.config import RegistryConfig
+from trainers.encoding import SEQUENCE_KEY
 from trainers.learner import TorchLearner
 from trainers.model_registry import ModelRegistry
 from trainers.version_page import (
@@ -97,8 +98,8 @@ def _pip_requirements() -> list[str]:
 
 def _signature() -> ModelSignature:
     # Explicit: MLflow cannot infer one from the DataFrame type hint and would log a warning on
-    # every publish. All five columns are required (MLflow rejects a NaN where a map is expected);
-    # the three maps may be empty.
+    # every publish. The five first columns are required (MLflow rejects a NaN where a map is
+    # expected); the three maps may be empty. The behaviour sequence (DIN) is its own optional column.
     return ModelSignature(
         inputs=Schema(
             [
@@ -107,6 +108,7 @@ def _signature() -> ModelSignature:
                 ColSpec(Map(DataType.string), "features"),
                 ColSpec(Map(DataType.double), "dense"),
                 ColSpec(Map(DataType.double), "stream_features"),
+                ColSpec(Array(DataType.string), SEQUENCE_KEY, required=False),
             ]
         ),
         outputs=Schema([ColSpec(DataType.double)]),

@@ -43,6 +43,8 @@ def synthetic_examples(
 
     The truth (per-value weights) depends only on ``truth_seed``; ``seed`` draws the impressions and
     labels, so two seeds give disjoint samples of the same distribution (train vs unseen test data).
+    Each example also carries its user's behaviour sequence: the items of the user's earlier
+    positives in this sample, newest first, at most 5.
     """
     truth = np.random.default_rng(truth_seed)
     w_user = truth.normal(0.0, 1.0, users)
@@ -57,6 +59,7 @@ def synthetic_examples(
     logit = bias + w_user[u] + w_item[i] + w_site[s] + 5.0 * ctr
     labels = rng.random(n) < 1.0 / (1.0 + np.exp(-logit))
     out = []
+    clicked: dict[int, list[str]] = {}  # per user, the items of its positives so far, newest first
     for k in range(n):
         ts = _START_MS + (start_index + k) * 100
         imp = Impression(
@@ -72,9 +75,15 @@ def synthetic_examples(
                 imp,
                 int(labels[k]),
                 ts + 60_000,
-                {"user_ctr_1h": float(ctr[k]), "user_impressions_1h": float(u[k] % 9)},
+                {
+                    "user_ctr_1h": float(ctr[k]),
+                    "user_impressions_1h": float(u[k] % 9),
+                    "user_clicked_items": list(clicked.get(u[k], ())),  # a behaviour sequence (DIN)
+                },
             )
         )
+        if labels[k]:
+            clicked[u[k]] = [f"item{i[k]}", *clicked.get(u[k], ())][:5]
     return out
 
 
@@ -168,6 +177,6 @@ def tiny_learner(seed: int = 0, n: int = 400) -> Any:
         hash_buckets=1 << 12, embedding_dim=4, hidden=(8,), batch_size=128, device="cpu", seed=seed, threads=1
     )
     examples = synthetic_examples(n, seed=seed)
-    learner = TorchLearner(cfg, Encoder(cfg.hash_buckets).fit(examples))
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
     learner.learn(examples)
     return learner

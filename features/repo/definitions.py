@@ -1,8 +1,11 @@
 """Feast objects: the ``user`` and ``item`` entities, their push sources and feature views.
 
 The feature names come from :mod:`features.aggregations`, so the store and the streaming counters
-cannot drift apart. Counts are Int64; CTRs are Float64 (not Float32) so that what serving reads is
-bit-for-bit what the joiner put into training examples: no train/serve skew from rounding.
+cannot drift apart. With ``features.sequence_length`` > 0 the user view also holds the behaviour
+sequence as two list features (``Array(String)`` item ids, ``Array(Int64)`` click times), in the same
+Redis hash as the counters: serving reads both in one round trip. Counts are Int64; CTRs are Float64
+(not Float32) so that what serving reads is bit-for-bit what the joiner put into training examples:
+no train/serve skew from rounding.
 
 The batch sources are folders of parquet part files under the store folder (``offline/<view>/``),
 written by :class:`features.store.FeatureWriter`; relative paths resolve against the store's
@@ -15,9 +18,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from feast import Entity, FeatureView, Field, FileSource, PushSource, ValueType
-from feast.types import Float64, Int64, String
+from feast.types import Array, Float64, Int64, String
 
-from features.aggregations import entity_feature_names
+from features.aggregations import SEQUENCE_NAMES, entity_feature_names
 from pipeline.core.config import FeatureConfig
 
 __all__ = [
@@ -48,8 +51,11 @@ item = Entity(name="item", join_keys=["item_id"], value_type=ValueType.STRING, d
 _ENTITIES = {"user": user, "item": item}
 
 
-def stats_view(entity: str, windows_s: Sequence[int], ttl_s: int) -> tuple[PushSource, FeatureView]:
-    """The push source and feature view ``<entity>_stats`` of one entity ("user" or "item")."""
+def stats_view(
+    entity: str, windows_s: Sequence[int], ttl_s: int, sequence: bool = False
+) -> tuple[PushSource, FeatureView]:
+    """The push source and feature view ``<entity>_stats`` of one entity ("user" or "item");
+    ``sequence``: with the user's behaviour sequence (two list features, :data:`SEQUENCE_NAMES`)."""
     key = JOIN_KEYS[entity]
     batch = FileSource(
         name=f"{entity}_stats_log",
@@ -61,6 +67,9 @@ def stats_view(entity: str, windows_s: Sequence[int], ttl_s: int) -> tuple[PushS
     schema = [Field(name=key, dtype=String)]
     for name in entity_feature_names(entity, windows_s):
         schema.append(Field(name=name, dtype=Float64 if "_ctr_" in name else Int64))
+    if sequence and entity == "user":
+        items, times = SEQUENCE_NAMES
+        schema += [Field(name=items, dtype=Array(String)), Field(name=times, dtype=Array(Int64))]
     view = FeatureView(
         name=f"{entity}_stats",
         entities=[_ENTITIES[entity]],
@@ -78,7 +87,7 @@ def definitions(cfg: FeatureConfig | None = None) -> list[Entity | PushSource | 
     cfg = cfg or FeatureConfig()
     out: list[Entity | PushSource | FeatureView] = [user, item]
     for entity in JOIN_KEYS:
-        out.extend(stats_view(entity, cfg.windows_s, cfg.ttl_s))
+        out.extend(stats_view(entity, cfg.windows_s, cfg.ttl_s, cfg.sequence_length > 0))
     return out
 
 

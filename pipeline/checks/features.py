@@ -28,9 +28,10 @@ def check_feature_reader(
     Rules: one dict per candidate, keys in ``feature_names`` order; the values are those of the
     user's and the item's last pushed rows; an entity never pushed gets
     :meth:`StreamingFeatures.defaults` (counts 0, CTR the prior); a candidate repeated gets the same
-    dict each time; no candidates, no rows.
+    dict each time; no candidates, no rows. With ``cfg.sequence_length`` > 0 each row ends with the
+    user's behaviour sequence, the clicks of its last pushed row within ``sequence_ttl_s`` of now.
     """
-    from features.aggregations import StreamingFeatures
+    from features.aggregations import StreamingFeatures, visible_sequence
 
     impl = impl_name(reader, name)
     push: Push = writer.push if hasattr(writer, "push") else writer
@@ -51,20 +52,26 @@ def check_feature_reader(
         push(user_rows, item_rows)
         rows.update({r["user_id"]: r for r in user_rows} | {r["item_id"]: r for r in item_rows})
 
-    def expected(user: str, item: str) -> dict[str, float]:
+    def expected(user: str, item: str) -> dict[str, Any]:
         u, i = rows.get(user), rows.get(item)
-        return {
+        out: dict[str, Any] = {
             n: float(src[n]) if src is not None else defaults[n]
             for n in sf.feature_names
             for src in [u if n in sf.user_names else i]
         }
+        if sf.sequence_names:
+            items, times = (u[n] for n in sf.sequence_names) if u is not None else ([], [])
+            now_ms = time.time_ns() // 1_000_000
+            visible = visible_sequence(items, times, now_ms, sf.cfg.sequence_ttl_s)
+            out.update(zip(sf.sequence_names, visible, strict=True))
+        return out
 
     def read(user: str, candidates: list[str], when: str) -> None:
         got = reader.get(user, candidates)
         if not isinstance(got, list) or len(got) != len(candidates):
             fail(impl, "one dict per candidate", f"{when}: {len(got)} rows for {len(candidates)} candidates")
         for item, row in zip(candidates, got, strict=True):
-            if list(row) != list(sf.feature_names):
+            if list(row) != [*sf.feature_names, *sf.sequence_names]:
                 fail(impl, "keys in feature_names order", f"{when}, item {item}: keys {list(row)}")
             want = expected(user, item)
             if row != want:

@@ -212,6 +212,17 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             sections[section] = cls(**{n: _cast(section, n, raw) for n, raw in raws.items()})
         except ValidationError as exc:
             errors += _describe(section, exc, raws, origins)
+    trainer, features = sections.get("trainer"), sections.get("features")
+    if (
+        trainer is not None
+        and features is not None
+        and trainer.model == "din"
+        and not features.sequence_length
+    ):
+        errors.append(
+            "trainer.model = 'din' attends over the users' behaviour sequences, which are off: set "
+            "features.sequence_length (e.g. 50; CTR_FEATURES_SEQUENCE_LENGTH) or choose another model"
+        )
     if errors:
         head = "" if len(errors) == 1 else f"{len(errors)} config errors:\n  "
         raise ConfigError(head + "\n  ".join(errors))

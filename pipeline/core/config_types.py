@@ -34,6 +34,7 @@ __all__ = [
     "Seconds",
     "Section",
     "SecurityProtocol",
+    "SequenceLength",
     "Share",
     "masked",
 ]
@@ -44,7 +45,7 @@ class ConfigError(ValueError):
 
 
 # -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
-ModelName = Literal["deepfm", "dcnv2", "lr"]  # trainers.models.MODELS
+ModelName = Literal["deepfm", "dcnv2", "lr", "din"]  # trainers.models.MODELS
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
 RowOptimizer = Literal["adagrad", "adam", "ftrl"]  # trainers.rowwise
 NewValues = Literal["field_mean", "fresh"]  # trainers.models.HashedEmbedding
@@ -64,6 +65,7 @@ Share = Annotated[float, Field(ge=0, le=1)]  # a fraction of a whole
 OpenShare = Annotated[float, Field(gt=0, lt=1)]  # a fraction that must leave something on both sides
 Port = Annotated[int, Field(ge=0, le=65_535)]  # a TCP port; 0 = off
 NonNegative = Annotated[float, Field(ge=0)]  # a weight, exponent or regularization strength
+SequenceLength = Annotated[int, Field(ge=0, le=1_000)]  # entries of a behaviour sequence; 0 = none
 
 # validate_default: a default that breaks its own rule fails the first load, not a run hours later
 CHECKED = ConfigDict(extra="forbid", validate_default=True)

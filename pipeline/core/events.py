@@ -108,7 +108,7 @@ class LabelledExample:
     impression: Impression
     label: int  # 1 if a click came within the attribution window
     label_ts: int  # event time the label became final: the click's ts, or the window's end
-    stream_features: dict[str, float] = field(default_factory=dict)
+    stream_features: dict[str, Any] = field(default_factory=dict)  # floats; sequences are lists
 
     @property
     def example_id(self) -> str:

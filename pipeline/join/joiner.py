@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.core.config import JoinerConfig
 from pipeline.core.events import Click, Impression, LabelledExample
@@ -52,7 +52,7 @@ __all__ = ["FeatureTracker", "Joiner"]
 class FeatureTracker(Protocol):
     """What the joiner needs from the streaming features (features.aggregations.StreamingFeatures)."""
 
-    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, float]: ...
+    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, Any]: ...
 
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
 
@@ -122,7 +122,7 @@ class Joiner(JoinerCheckpoints):
             self.stats.duplicate_impressions += 1
             return
         self.stats.impressions += 1
-        feats: dict[str, float] = {}
+        feats: dict[str, Any] = {}
         if self.features is not None:
             feats = self.features.lookup(imp.user_id, imp.item_id, imp.ts)  # before the update
             self.features.record_impression(imp.user_id, imp.item_id, imp.ts)

@@ -20,7 +20,7 @@ __all__ = ["JoinerCheckpoints"]
 @dataclass(slots=True)
 class _Pending:
     impression: Impression
-    features: dict[str, float]
+    features: dict[str, Any]  # floats, and lists for behaviour sequences
     click_ts: int | None = None  # event time of the attributed click, if any
     as_dict: dict[str, Any] | None = None  # impression.to_dict(), kept: every checkpoint writes it
     entry: bytes | None = None  # its changelog entry (Joiner.entries), kept until the click changes it

@@ -39,14 +39,14 @@ class UserFeatures:
 
     inner: StreamingFeatures
 
-    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, float]:
+    def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, Any]:
         return self.inner.lookup_user(user_id, ts_ms)
 
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None:
         self.inner.record_user(user_id, ts_ms, click=False)
 
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None:
-        self.inner.record_user(user_id, ts_ms, click=True)
+        self.inner.record_user(user_id, ts_ms, click=True, item_id=item_id)  # item: the sequence
 
 
 Event = Impression | Click

@@ -5,8 +5,8 @@ the whole state (every user, every pending impression), however little changed. 
 checkpoint writes only the keys that changed since the previous one, and the latest record of every
 key *is* the state (which is what log compaction keeps):
 
-- ``u<user id>``: the user's feature counters and the joiner's entries of the user's impressions
-  (:meth:`Joiner.entries`: pending, early click, finalised);
+- ``u<user id>``: the user's feature counters, behaviour sequence (if kept) and the joiner's entries
+  of the user's impressions (:meth:`Joiner.entries`: pending, early click, finalised);
 - ``i<item key>``: one item's counters (written before the item stage took item counts to the
   trainer: still read);
 - ``m``: the task's header: watermark and counters, the features' header, and per stream the first
@@ -61,7 +61,12 @@ def changes(task: PartitionTask) -> Records:
     out: Records = []
     for user in sorted(joiner.changed | users.keys()):
         flat = users.get(user) or task.features.user_state(user)
-        value = b'{"f":%s,"j":[%s]}' % (_dumps(flat), b",".join(joiner.entries(user)))
+        seq = task.features.user_sequence_state(user)
+        value = b'{"f":%s,"j":[%s]%s}' % (
+            _dumps(flat),
+            b",".join(joiner.entries(user)),
+            b',"s":' + _dumps(seq) if seq else b"",
+        )
         out.append((b"u" + user.encode(), value))
     joiner.changed = set()
     out += [(b"i" + i.encode(), _dumps(flat)) for i, flat in items.items()]
@@ -89,6 +94,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
     done: dict[str, int] = {}
     owners: dict[str, str] = {}
     users: dict[str, Any] = {}
+    sequences: dict[str, Any] = {}
     items: dict[str, Any] = {}
     for key, raw in latest.items():
         kind, ident = key[:1], key[1:].decode()
@@ -102,6 +108,8 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
             raise ValueError(f"joiner state: unknown record {key[:40]!r}: {raw[:80]!r}")
         if value["f"] is not None:
             users[ident] = value["f"]
+        if "s" in value:
+            sequences[ident] = value["s"]
         for entry in value["j"]:
             if entry[0] == "p":
                 imp, feats, click_ts = entry[1:]
@@ -123,6 +131,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
             **header["features"],
             "users": users,
             "items": items,
+            "sequences": sequences,
             "dirty_users": [],
             "dirty_items": [],
         },

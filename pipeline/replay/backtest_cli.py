@@ -40,6 +40,13 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
 
     cfg.trainer.model = args.model or cfg.trainer.model
     cfg.trainer.seed = args.seed
+    if cfg.trainer.model == "din" and not cfg.features.sequence_length:
+        cfg.features.sequence_length = max(cfg.trainer.sequence_length, 50)
+        print(
+            f"ctr: --model din attends over behaviour sequences: features.sequence_length set to "
+            f"{cfg.features.sequence_length} for this backtest (set it in the config to choose)",
+            file=sys.stderr,
+        )
     if args.attribution_window is not None:
         cfg.joiner.attribution_window_s = args.attribution_window
     sim = args.format == "simulator"

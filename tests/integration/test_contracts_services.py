@@ -4,6 +4,7 @@ the online feature readers on Redis."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from pipeline.checks import check_feature_reader, check_group_source, check_model_store
 from pipeline.checks.sources import Position
-from pipeline.core.config import KafkaConfig, RegistryConfig, SimulatorConfig
+from pipeline.core.config import FeatureConfig, KafkaConfig, RegistryConfig, SimulatorConfig
 from pipeline.daemons.idempotent_store import IdempotentStore
 from pipeline.kafka.example_records import position
 from pipeline.kafka.io import KafkaSink, publish_stream
@@ -102,3 +103,18 @@ def test_feature_reader_contract_on_redis(path: str, feast_store: tuple[Any, str
     store, _ = feast_store
     reader = RedisFeatureReader.for_store(store) if path == "redis" else OnlineFeatureReader(store)
     check_feature_reader(reader, FeatureWriter(store, offline=False))
+
+
+@pytest.mark.parametrize("path", ["redis", "feast"])
+def test_feature_reader_contract_with_behaviour_sequences(
+    path: str, services: dict[str, str], tmp_path
+) -> None:
+    """The user's list features come back in the same read, the ttl applied at the read's time."""
+    from features.redis_reader import RedisFeatureReader
+    from features.store import FeatureWriter, OnlineFeatureReader, open_store
+
+    cfg = FeatureConfig(sequence_length=3)
+    url = services["CTR_DAEMON_REDIS_URL"].rsplit("/", 1)[0] + "/15"
+    store = open_store(tmp_path / "feast", "production", url, f"it_seq_{uuid.uuid4().hex[:10]}", cfg=cfg)
+    reader = RedisFeatureReader.for_store(store, cfg) if path == "redis" else OnlineFeatureReader(store, cfg)
+    check_feature_reader(reader, FeatureWriter(store, cfg, offline=False), cfg=cfg)

@@ -1,0 +1,83 @@
+"""The ``[trainer]`` section of :class:`pipeline.core.config.Config`: the model, its optimizers, the
+blocks and the gate.
+
+Its own module only to keep ``config.py`` small; import it from :mod:`pipeline.core.config`.
+"""
+
+from __future__ import annotations
+
+from pydantic.dataclasses import dataclass
+
+from pipeline.core.config_types import (
+    CHECKED,
+    Count,
+    Device,
+    ModelName,
+    Natural,
+    NewValues,
+    NonNegative,
+    OpenShare,
+    Positive,
+    RowOptimizer,
+    Section,
+    SequenceLength,
+    Share,
+)
+
+__all__ = ["TrainerConfig"]
+
+
+@dataclass(config=CHECKED, repr=False)
+class TrainerConfig(Section):
+    model: ModelName = "deepfm"  # deepfm | dcnv2 | lr | din (needs features.sequence_length > 0)
+    # din: the newest entries of the user's behaviour sequence it attends over (the examples carry
+    # up to features.sequence_length of them)
+    sequence_length: SequenceLength = 20
+    train_every: Count = 100_000  # labelled examples per block
+    batch_size: Count = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
+    batch_size_cuda: Natural = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
+    hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
+    embedding_dim: Count = 16
+    min_count: Natural = 0  # a hashed value gets its own embedding vector once seen this often; 0 = always
+    # a value training never saw: "field_mean" scores as its field's mean row (first-order weight and
+    # vector) over the last block's traffic, and starts learning from it; "fresh": a new row (weight
+    # 0, a small random vector). Unused with min_count > 0. Chosen on the quality suite (README)
+    new_values: NewValues = "field_mean"
+    hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2
+    lr_dense: Positive = 1e-3  # Adam on the dense parameters
+    # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam
+    sparse_optimizer: RowOptimizer = "adagrad"  # the embedding vectors
+    lr_sparse: Positive = 0.05
+    sparse_beta: Positive = 1.0  # AdaGrad: smooths a new row's rate (FTRL's beta); Adam: unused
+    wide_optimizer: RowOptimizer = "adagrad"  # the linear part: first-order weights, dense weights, bias
+    lr_wide: Positive = 0.05
+    wide_beta: Positive = 1.0
+    adagrad_decay: Share = 1.0  # AdaGrad sums forget at this rate per step a row is used; 1 = never
+    wide_l1: NonNegative = 1.0  # ftrl: L1 of the linear part (a value stays at 0 until |z| > l1)
+    wide_l2: NonNegative = 1.0  # ftrl: L2 of the linear part
+    epochs_per_block: Count = 1
+    shuffle: bool = True  # learn a block in seeded random order; false = in event-time order
+    holdout_fraction: OpenShare = 0.1  # the newest share of a block held out for the gate
+    calibrate: bool = False  # Platt-scale each candidate on its champion's progressive scores (hurt: README)
+    # shift each candidate's output intercept by what its holdout (scored before it learns it) says
+    # its logits miss the observed click rate by (trainers.calibration.fit_shift; README: measured)
+    shift_on_holdout: bool = False
+    # each candidate's intercept moves by what the served scores missed the block's click rate by
+    # (its older part), at gain 1/(k+1) for the k-th block, never below this: the running mean of
+    # the offsets (trainers.incremental); 0 = off. Chosen on the quality suite (benchmarks/README.md)
+    intercept_gain: Share = 0.1
+    learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
+    gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
+    # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
+    # labels): drift lowers AUC toward 0.5, it does not invert it. 0 turns the check off.
+    min_champion_auc: Share = 0.45
+    device: Device = "auto"  # auto | cpu | cuda
+    # processes that train together on this host (data parallel, trainers/sharding.py): each holds
+    # 1/ranks of every hashed table's rows and learns its part of each step; `ctr trainer` and
+    # `ctr backtest` start them (pipeline/ops/ranks.py; one GPU each on CUDA). 1 = one process
+    ranks: Count = 1
+    seed: int = 7
+    # torch CPU threads; 0 = auto: half the cores (at least 1). The trainer shares its host with the
+    # consumer thread and, on small machines, the other daemons: torch's default (one per core)
+    # oversubscribes the CPU and its spinning OpenMP workers made a block 3-30x slower under load.
+    threads: Natural = 0
