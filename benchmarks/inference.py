@@ -111,9 +111,11 @@ class _Letters(list[DeadLetter]):
         pass
 
 
-def simulated_examples(n: int, seed: int) -> list[LabelledExample]:
-    """The first ``n`` examples the joiner makes of the simulator's stream (live code path)."""
+def simulated_examples(n: int, seed: int, sequence_length: int = 0) -> list[LabelledExample]:
+    """The first ``n`` examples the joiner makes of the simulator's stream (live code path), with
+    behaviour sequences of ``sequence_length`` if not 0."""
     cfg = Config()
+    cfg.features.sequence_length = sequence_length
     source = SimulatorSource(Simulator(cfg.simulator, seed), n + n // 20)  # + the window's tail
     join = PartitionedJoin(cfg, source.clock, _Letters())
     out: list[LabelledExample] = []
@@ -228,7 +230,8 @@ def interleaved(
 
 def trained(args: argparse.Namespace) -> tuple[TorchLearner, list[LabelledExample], float]:
     """A default-config learner after ``--blocks`` simulated blocks, the next block, training s."""
-    examples = simulated_examples((args.blocks + 1) * args.block, args.seed)
+    sequences = 50 if args.model == "din" else 0  # what DIN attends over (features.sequence_length)
+    examples = simulated_examples((args.blocks + 1) * args.block, args.seed, sequences)
     blocks = [examples[i * args.block : (i + 1) * args.block] for i in range(args.blocks + 1)]
     cfg = TrainerConfig(model=args.model, hash_buckets=args.buckets, device="cpu")
     learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(blocks[0]))

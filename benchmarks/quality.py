@@ -10,8 +10,9 @@ streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progre
 - ``default``: the online champion with TrainerConfig's default model (``trainer.model``); this
   run also yields ``static`` (that model frozen after block 1) and ``ftrl`` (FTRL-Proximal logistic
   regression on the same hashed features, the backtest's baseline);
-- ``deepfm`` and ``dcnv2``: the online champion with that model, a separate run without the FTRL
-  baseline (its scores would be the same); a model equal to the default is not run twice;
+- ``deepfm``, ``dcnv2`` and ``din``: the online champion with that model, a separate run without the
+  FTRL baseline (its scores would be the same); a model equal to the default is not run twice; din's
+  run keeps behaviour sequences (``features.sequence_length``, 50 unless the config sets it);
 - ``baserate``: each block from the second scored with the click rate of the blocks before it,
   the least a learner must do (on the Open Bandit logs, nearly all there is to learn);
 - ``oracle`` (synthetic worlds only): the world's hidden click probability of each example, the
@@ -56,7 +57,8 @@ from pipeline.sources.streams import SimulatorSource
 from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
-LEARNERS = ("default", "deepfm", "dcnv2", "ftrl", "static", "baserate", "oracle")
+LEARNERS = ("default", "deepfm", "dcnv2", "din", "ftrl", "static", "baserate", "oracle")
+SEQUENCE_LENGTH = 50  # features.sequence_length of a din run when the config keeps no sequence
 SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
 REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
@@ -260,7 +262,7 @@ def run_world(
     runs: dict[str, list[str]] = {}  # model -> the learners its run gives
     if {"default", "ftrl", "static"} & set(learners):
         runs[default_model] = [n for n in ("default", "ftrl", "static") if n in learners]
-    for m in ("deepfm", "dcnv2"):
+    for m in ("deepfm", "dcnv2", "din"):
         if m in learners:
             runs.setdefault(m, []).append(m)
     own = not args.quick  # --quick runs every synthetic world at its quick length
@@ -275,6 +277,8 @@ def run_world(
     for model, gives in runs.items():
         cfg = load_config(args.config, env=args.env)  # a fresh copy per run
         cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = model, block, spec.seed
+        if model == "din" and not cfg.features.sequence_length:
+            cfg.features.sequence_length = SEQUENCE_LENGTH
         cfg.backtest.bootstrap_resamples = 0  # the suite bootstraps every learner together
         source = _Progress(open_world_source(cfg, spec, impressions, args.datasets), f"{name} {model}")
         with tempfile.TemporaryDirectory(prefix=f"quality-{name}-") as tmp:
@@ -317,7 +321,7 @@ def run_world(
                 if names.get(k) in learners and (k != "static" or "static" in gives):
                     row["scores"][names[k]] = v
     same = {}
-    for m in ("deepfm", "dcnv2"):
+    for m in ("deepfm", "dcnv2", "din"):
         if m in learners and default_model == m and "default" in runs.get(m, []):
             same[m] = "default"
             for row in blocks.values():  # the default run is this model's run: not trained twice

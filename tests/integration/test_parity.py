@@ -81,8 +81,11 @@ def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -
     return proc.stdout.decode()
 
 
+# din: the behaviour sequences too (in the examples' stream features, the joiner's changelog and its
+# Feast rows), and a model that attends over them, on one rank and on two
+@pytest.mark.parametrize("model", ["deepfm", "din"])
 def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
-    services: dict[str, str], kafka_admin: object, tmp_path: Path
+    model: str, services: dict[str, str], kafka_admin: object, tmp_path: Path
 ) -> None:
     tag = uuid.uuid4().hex[:10]
     stream = tmp_path / "stream.jsonl"
@@ -115,6 +118,9 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         "CTR_TRAINER_HASH_BUCKETS": str(1 << 16),
         "CTR_TRAINER_THREADS": "1",
         "CTR_TRAINER_SEED": "7",
+        "CTR_TRAINER_MODEL": model,
+        "CTR_FEATURES_SEQUENCE_LENGTH": "20" if model == "din" else "0",
+        "CTR_TRAINER_SEQUENCE_LENGTH": "10",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
     # the backtest, on the embedded profile (its own local registry)
@@ -144,6 +150,8 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     closing = {f"closing-{p}" for p in range(PARTITIONS)}
     assert len(produced) == len(messages) > 8_000  # no example twice
     assert produced == {i: v for i, v in replayed.items() if i not in closing}  # byte-identical
+    sequences = [json.loads(v)["stream_features"].get("user_clicked_items") for v in produced.values()]
+    assert (max(map(len, sequences)) > 1) if model == "din" else sequences == [None] * len(sequences)
     assert trained["blocks"] == len(backtest_blocks) == len(produced) // BLOCK >= 4
     # the item rows the trainer pushed for serving are the item stage's over the same examples in the
     # merge order (the backtest's examples file is in that order; its closing examples aside)
