@@ -51,6 +51,16 @@ def _zero_linear(width: int, out: int) -> nn.Linear:
     return layer
 
 
+def _mlp(width: int, hidden: Sequence[int], last: Callable[[int, int], nn.Module]) -> nn.Sequential:
+    """Linear + ReLU layers of sizes ``hidden``, then ``last(width, 1)`` to one output."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(width, int(h)), nn.ReLU()]
+        width = int(h)
+    layers.append(last(width, 1))
+    return nn.Sequential(*layers)
+
+
 def _zero_table(hash_buckets: int, n_fields: int = 0, *, warm_start: bool = False) -> HashedEmbedding:
     """A one-column table of first-order weights, all 0 (an unseen value reads 0, or its field's mean
     with ``warm_start``)."""
@@ -221,13 +231,7 @@ class DeepFM(_WithLinearPart):
         self.embedding = _embedding(spec)
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
-        layers: list[nn.Module] = []
-        width = n_fields * dim + n_dense
-        for h in spec["hidden"]:
-            layers += [nn.Linear(width, int(h)), nn.ReLU()]
-            width = int(h)
-        layers.append(_zero_linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
+        self.mlp = _mlp(n_fields * dim + n_dense, spec["hidden"], _zero_linear)
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         v = self.embedding(ids)
@@ -271,20 +275,8 @@ class DIN(_WithLinearPart):
         self.embedding = _embedding(spec)
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
-        attention: list[nn.Module] = []
-        width = 4 * dim
-        for h in spec.get("attention_hidden", [32]):
-            attention += [nn.Linear(width, int(h)), nn.ReLU()]
-            width = int(h)
-        attention.append(nn.Linear(width, 1))
-        self.attention = nn.Sequential(*attention)
-        layers: list[nn.Module] = []
-        width = (n_fields + 1) * dim + n_dense
-        for h in spec["hidden"]:
-            layers += [nn.Linear(width, int(h)), nn.ReLU()]
-            width = int(h)
-        layers.append(_zero_linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
+        self.attention = _mlp(4 * dim, spec.get("attention_hidden", [32]), nn.Linear)
+        self.mlp = _mlp((n_fields + 1) * dim + n_dense, spec["hidden"], _zero_linear)
 
     def interest(self, ids: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``(n, dim)``: the behaviours' vectors weighted by their attention to the candidate."""
