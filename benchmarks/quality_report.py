@@ -70,6 +70,10 @@ def score_world(
             diff = boot2[n] - boot2["ftrl"]
             auc = out["learners"][n]["blocks2"]["auc"] - out["learners"]["ftrl"]["blocks2"]["auc"]
             out["margins"][f"{n}_vs_ftrl"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
+    if "din" in learners and "default" in learners:  # what attending over the sequence adds
+        diff = boot2["din"] - boot2["default"]
+        auc = out["learners"]["din"]["blocks2"]["auc"] - out["learners"]["default"]["blocks2"]["auc"]
+        out["margins"]["din_vs_default"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
     return out
 
 

@@ -22,7 +22,8 @@ One run measures, against the real services (Redis, the MLflow server):
 Open loop: request *k* is due at ``t0 + k / rate`` whatever happened before; its latency is counted
 from that due time to the last byte of the answer, so a stall shows up in the tail instead of
 slowing the load down (no coordinated omission). ``--threads`` client threads with keep-alive
-connections send the requests. The model is the default DeepFM (``--buckets`` hashed rows).
+connections send the requests. The model is DeepFM (``--model`` for another; with ``din`` the users
+have behaviour sequences, which the replica reads too), ``--buckets`` hashed rows.
 
 Prints a table and writes ``benchmarks/results/serving.json`` (``p50_ms``, ``p99_ms``,
 ``p999_ms``, ``qps``, ``errors``, ``p99_during_swap_ms``, ``feast_sdk_p99_ms`` and per-phase detail).
@@ -59,6 +60,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # kafka-python's import-time noise
 START_MS = 1_767_225_600_000
+SEQUENCE_LENGTH = 50  # --model din: the users' behaviour sequences (features.sequence_length)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--items", type=int, default=5_000, help="items with features in the store")
     p.add_argument("--threads", type=int, default=8, help="client threads (keep-alive connections)")
     p.add_argument("--buckets", type=int, default=1 << 16, help="hashed embedding rows of the model")
+    p.add_argument(
+        "--model",
+        default="deepfm",
+        help="trainers.models.MODELS name; din: users get behaviour sequences too",
+    )
     p.add_argument("--swap-every", type=float, default=2.0, help="seconds between alias flips (swap phase)")
     p.add_argument("--feature-reads", type=int, default=1_000, help="in-process feature reads per path")
     p.add_argument("--redis-url", default=os.environ.get("CTR_DAEMON_REDIS_URL", "redis://127.0.0.1:16379/0"))
@@ -92,21 +99,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------- set-up
+def feature_config(args: argparse.Namespace) -> Any:
+    """The features of the run: with behaviour sequences (50 clicks) for ``--model din``."""
+    from pipeline.core.config import FeatureConfig
+
+    return FeatureConfig(sequence_length=SEQUENCE_LENGTH if args.model == "din" else 0)
+
+
 def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[Any, list[str], list[str]]:
-    """A production Feast store on db 15 holding features of ``--users`` users and ``--items`` items."""
+    """A production Feast store on db 15 holding features of ``--users`` users and ``--items`` items
+    (din: the last hour's traffic, so that the clicks are inside the sequences' ttl at request time)."""
     from features.aggregations import StreamingFeatures
     from features.store import FeatureWriter, open_store
-    from pipeline.core.config import Config, FeatureConfig
+    from pipeline.core.config import Config
     from pipeline.core.pseudonyms import Pseudonymizer
 
     cfg = Config()
-    store = open_store(state / "joiner" / "feast", "production", args.redis_url, project)
+    fcfg = feature_config(args)
+    store = open_store(state / "joiner" / "feast", "production", args.redis_url, project, cfg=fcfg)
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
     users = [f"user-{i}" for i in range(args.users)]
     items = [f"item-{i}" for i in range(args.items)]
-    sf = StreamingFeatures(FeatureConfig())
+    sf = StreamingFeatures(fcfg)
     rng = random.Random(3)
-    ts = START_MS
+    ts = START_MS if args.model != "din" else int(time.time() * 1000) - 3_600_000
     for _ in range(50_000):  # Zipf-ish traffic: features for every user and most items
         ts += 10
         user = (
@@ -118,12 +134,12 @@ def build_store(args: argparse.Namespace, state: Path, project: str) -> tuple[An
         sf.record_impression(pseudo(user), item, ts)
         if rng.random() < 0.05:
             sf.record_click(pseudo(user), item, ts + 1)
-    FeatureWriter(store, offline=False).push(*sf.drain_dirty())
+    FeatureWriter(store, fcfg, offline=False).push(*sf.drain_dirty())
     return store, users, items
 
 
 def publish_versions(args: argparse.Namespace, model_name: str, experiment: str) -> list[str]:
-    """Two versions of the default DeepFM (``--buckets`` rows) in the MLflow server."""
+    """Two versions of ``--model`` (``--buckets`` rows) in the MLflow server."""
     from pipeline.core.config import RegistryConfig, TrainerConfig
     from trainers.encoding import Encoder
     from trainers.learner import TorchLearner
@@ -133,7 +149,7 @@ def publish_versions(args: argparse.Namespace, model_name: str, experiment: str)
     store = MlflowModelStore(RegistryConfig(model_name=model_name, experiment=experiment), args.mlflow_uri)
     versions = []
     for seed in (1, 2):
-        cfg = TrainerConfig(hash_buckets=args.buckets, device="cpu", seed=seed)
+        cfg = TrainerConfig(model=args.model, hash_buckets=args.buckets, device="cpu", seed=seed)
         examples = synthetic_examples(2_000, seed=seed)
         learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
         learner.learn(examples)
@@ -291,7 +307,7 @@ def floor(
     cfg = Config()
     learner = MlflowModelStore(RegistryConfig(model_name=model_name), args.mlflow_uri).load(version)
     learner.use_inference(cfg.serving.inference)  # the forward the replica runs
-    reader = RedisFeatureReader.for_store(store)
+    reader = RedisFeatureReader.for_store(store, feature_config(args))
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
     times, cpu = [], []
     for i in range(args.floor_requests):
@@ -314,7 +330,7 @@ def floor(
 
 
 def feature_reads(
-    store: Any, users: list[str], items: list[str], n: int, k: int
+    store: Any, users: list[str], items: list[str], n: int, k: int, fcfg: Any
 ) -> dict[str, dict[str, float]]:
     """Feature reads in process, 1 user + ``k`` items each (keys as a replica reads them: the
     user's pseudonym, the items of its joiner shard), interleaved: the direct reader (sync and on
@@ -331,14 +347,14 @@ def feature_reads(
 
     cfg = Config()
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
-    direct = RedisFeatureReader.for_store(store)
+    direct = RedisFeatureReader.for_store(store, fcfg)
     conn = parse_feast_connection_string(store.config.online_store.connection_string)
     pool = redis.ConnectionPool(**conn, parser_class=_RESP2Parser)
-    pure = RedisFeatureReader(redis.Redis(connection_pool=pool), store.config.project)
+    pure = RedisFeatureReader(redis.Redis(connection_pool=pool), store.config.project, fcfg)
     readers = {
         "direct": direct.get,
         "direct_no_hiredis": pure.get,
-        "feast_sdk": OnlineFeatureReader(store).get,
+        "feast_sdk": OnlineFeatureReader(store, fcfg).get,
     }
     loop = asyncio.new_event_loop()
     rng = random.Random(9)
@@ -415,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             store, users, items = build_store(args, state, project)
             versions = publish_versions(args, model_name, experiment)
-            feats = feature_reads(store, users, items, args.feature_reads, args.candidates)
+            feats = feature_reads(
+                store, users, items, args.feature_reads, args.candidates, feature_config(args)
+            )
             env = {
                 **os.environ,
                 "CTR_REGISTRY_TRACKING_URI": args.mlflow_uri,
@@ -425,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 "CTR_DAEMON_STATE_DIR": str(state),
                 "CTR_SERVING_MODEL_DIR": str(Path(tmp) / "models"),
                 "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+                "CTR_FEATURES_SEQUENCE_LENGTH": str(feature_config(args).sequence_length),
             }
             rng = random.Random(11)
             bodies = [
