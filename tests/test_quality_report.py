@@ -63,3 +63,14 @@ def test_on_a_thin_world_ne_is_judged_against_the_running_base_rate() -> None:
     assert noisy["ne_blocks_judged"] == [] and not noisy["ne_le_baserate"] and not noisy["ne_ok"]
     assert base["ne_ok"] and not base["ne_blocks2_lt_1"]  # the base rate itself: NE just above 1
     assert "(<= baserate)" in markdown({"w": world}, learners)
+
+
+def test_din_gets_its_paired_margin_over_the_default_model() -> None:
+    rows = blocks()
+    for b in rows:  # din: the true rates; default: the noisy reference's scores
+        good, noisy = b["scores"]["good"], b["scores"]["ftrl"]
+        b["scores"] = {"din": good, "default": noisy, "ftrl": noisy}
+    world = score_world(rows, ["default", "din", "ftrl"], resamples=50, seed=1)
+    margin = world["margins"]["din_vs_default"]
+    assert margin["auc"] > 0 and margin["auc_ci95"][0] > 0
+    assert world["margins"]["default_vs_ftrl"]["auc"] == 0
