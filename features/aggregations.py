@@ -207,11 +207,8 @@ class StreamingFeatures:
             del seq[0]
 
     def _attach_sequence(self, out: dict[str, Any], user_id: str, ts_ms: int) -> None:
-        seq = self._seqs.get(user_id, ())
-        items, times = visible_sequence(
-            [i for _, i in reversed(seq)], [t for t, _ in reversed(seq)], ts_ms, self._seq_ttl_s
-        )
-        out["user_clicked_items"], out["user_clicked_ts"] = items, times
+        visible = visible_sequence(*self.sequence(user_id), ts_ms, self._seq_ttl_s)
+        out.update(zip(SEQUENCE_NAMES, visible, strict=True))
 
     def sequence(self, user_id: str) -> tuple[list[str], list[int]]:
         """The user's stored sequence, newest first (every entry kept, whatever its age)."""
@@ -285,8 +282,7 @@ class StreamingFeatures:
     def defaults(self) -> dict[str, Any]:
         """Features of a (user, item) never seen: counts 0, CTR = the prior."""
         out: dict[str, Any] = dict(zip(self.feature_names, self._zero + self._zero, strict=True))
-        if self._seq_len:
-            out["user_clicked_items"], out["user_clicked_ts"] = [], []
+        out.update((name, []) for name in self.sequence_names)
         return out
 
     def drain_dirty(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
@@ -303,7 +299,7 @@ class StreamingFeatures:
         users = self._drain(self._users, self._dirty_users, "user_id", self.user_names)
         items = self._drain(self._items, self._dirty_items, "item_id", self.item_names)
         for row in users if self._seq_len else ():  # the stored sequence, whole: serving filters it
-            row["user_clicked_items"], row["user_clicked_ts"] = self.sequence(row["user_id"])
+            row.update(zip(SEQUENCE_NAMES, self.sequence(row["user_id"]), strict=True))
         return users, items
 
     def track_changes(self, everything: bool = False) -> None:
