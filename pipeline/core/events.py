@@ -1,11 +1,15 @@
 """Event schemas: the records that travel through the pipeline.
 
-Four records (../shared/DESIGN.md, "Events"):
+Five records (../shared/DESIGN.md, "Events"):
 
-- :class:`Impression` and :class:`Click`, as :class:`pipeline.core.validation.Validator` decodes and
-  validates them from raw bytes or mappings;
-- :class:`LabelledExample`, the joiner's output: an impression, its label and the point-in-time
-  streaming feature values it was scored with;
+- :class:`Impression`, :class:`Click` and :class:`Conversion`, as
+  :class:`pipeline.core.validation.Validator` decodes and validates them from raw bytes or mappings;
+- :class:`LabelledExample`, the joiner's output: an impression, its labels and the point-in-time
+  streaming feature values it was scored with. With conversions joined (``joiner.conversion_window_s
+  > 0``) a clicked impression is emitted twice: once when its click window closes (``conversion``
+  None: not final yet) and once more when its conversion window closes, as a *correction* carrying
+  the final ``conversion`` label (its own example id, ``<impression id>#cv``); an impression never
+  clicked cannot convert, so its one example carries ``conversion`` 0;
 - :class:`DeadLetter`, what a rejected event becomes: a safe prefix of the raw bytes (identifiers
   pseudonymized), where it came from and a reason (one of :data:`REASONS`).
 """
@@ -19,10 +23,20 @@ from typing import Any
 
 from pipeline.core.types import EventKind
 
-__all__ = ["REASONS", "Click", "DeadLetter", "Impression", "LabelledExample", "kind_of"]
+__all__ = [
+    "CORRECTION_SUFFIX",
+    "REASONS",
+    "Click",
+    "Conversion",
+    "DeadLetter",
+    "Impression",
+    "LabelledExample",
+    "kind_of",
+]
 
 # json.dumps with any option builds a new JSONEncoder per call (~4 µs); examples reuse this one
 _EXAMPLE_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+CORRECTION_SUFFIX = "#cv"  # a correction's example id: the impression id and this
 
 # Every reason a dead letter can carry; counters are keyed by these.
 REASONS = (
@@ -40,6 +54,7 @@ REASONS = (
     "wrong_partition",  # not on the partition its user id routes to: keyed by something else
     "user_mismatch",  # a click whose user differs from its impression's (joiner)
     "orphan_click",  # a click whose impression never arrived on its partition within the hold (joiner)
+    "orphan_conversion",  # a conversion whose impression the joiner does not hold (joiner)
 )
 
 
@@ -102,33 +117,78 @@ class Click:
 
 
 @dataclass(frozen=True, slots=True)
+class Conversion:
+    """A conversion (purchase, sign-up) after a click, attributed to the clicked impression."""
+
+    conversion_id: str
+    impression_id: str  # the clicked impression (what the click URL carried to the advertiser)
+    ts: int
+    user_id: str  # pseudonymized
+    value: float | None = None  # e.g. the order's value; finite, >= 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "conversion_id": self.conversion_id,
+            "impression_id": self.impression_id,
+            "ts": self.ts,
+            "user_id": self.user_id,
+        }
+        if self.value is not None:
+            d["value"] = self.value
+        return d
+
+
+@dataclass(frozen=True, slots=True)
 class LabelledExample:
-    """An impression with its label and the feature values as of its impression time."""
+    """An impression with its labels and the feature values as of its impression time.
+
+    ``conversion``: None when conversions are not joined, or (a clicked impression's first emission)
+    not final yet; else 1 if a conversion came within the conversion window of the click. A
+    ``correction`` repeats a clicked impression (``label`` 1) to deliver its final ``conversion``:
+    a click-only consumer (the click model, item counters, the A/B readout) skips it.
+    """
 
     impression: Impression
     label: int  # 1 if a click came within the attribution window
     label_ts: int  # event time the label became final: the click's ts, or the window's end
     stream_features: dict[str, Any] = field(default_factory=dict)  # floats; sequences are lists
+    conversion: int | None = None
+    correction: bool = False
+    conversion_value: float | None = None  # a correction's conversion's value, if it had one
 
     @property
     def example_id(self) -> str:
-        return self.impression.impression_id
+        iid = self.impression.impression_id
+        return iid + CORRECTION_SUFFIX if self.correction else iid
 
     def to_json(self) -> bytes:
-        return _EXAMPLE_ENCODER.encode(
-            {
-                "impression": self.impression.to_dict(),
-                "label": self.label,
-                "label_ts": self.label_ts,
-                "stream_features": self.stream_features,
-            }
-        ).encode()
+        d: dict[str, Any] = {
+            "impression": self.impression.to_dict(),
+            "label": self.label,
+            "label_ts": self.label_ts,
+            "stream_features": self.stream_features,
+        }
+        if self.conversion is not None:
+            d["conversion"] = self.conversion
+        if self.correction:
+            d["correction"] = True
+        if self.conversion_value is not None:
+            d["conversion_value"] = self.conversion_value
+        return _EXAMPLE_ENCODER.encode(d).encode()
 
     @staticmethod
     def from_json(data: bytes | str) -> LabelledExample:
         d = json.loads(data)
         imp = Impression.from_dict(d["impression"])
-        return LabelledExample(imp, d["label"], d["label_ts"], d.get("stream_features", {}))
+        return LabelledExample(
+            imp,
+            d["label"],
+            d["label_ts"],
+            d.get("stream_features", {}),
+            d.get("conversion"),
+            d.get("correction", False),
+            d.get("conversion_value"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,5 +218,7 @@ class DeadLetter:
         ).encode()
 
 
-def kind_of(event: Impression | Click) -> EventKind:
-    return "impression" if isinstance(event, Impression) else "click"
+def kind_of(event: Impression | Click | Conversion) -> EventKind:
+    if isinstance(event, Impression):
+        return "impression"
+    return "click" if isinstance(event, Click) else "conversion"

@@ -28,7 +28,7 @@ __all__ = [
     "WallClock",
 ]
 
-EventKind = Literal["impression", "click"]
+EventKind = Literal["impression", "click", "conversion"]
 
 
 @dataclass(slots=True)
