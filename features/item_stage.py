@@ -20,6 +20,11 @@ lag) behind the impressions.
 Counts are per impression (a click counts at its impression's time, once, as its label), where
 the joiner's shard counters count clicks at the click's time.
 
+A correction (a clicked impression's second emission, with its conversion label:
+:class:`~pipeline.core.events.LabelledExample`) is not counted again; it gets the item features its
+first emission got, which the stage keeps from one to the other (in its checkpoint too): the
+conversion task learns from the inputs the impression was scored with.
+
 >>> from pipeline.core.config import FeatureConfig
 >>> from pipeline.core.events import Impression, LabelledExample
 >>> stage = ItemStage(FeatureConfig(), delay_ms=60_000)
@@ -50,13 +55,17 @@ _STATE_VERSION = 1
 class ItemStage:
     """Global item statistics attached to examples in merge order; see the module docstring."""
 
-    def __init__(self, cfg: FeatureConfig, delay_ms: int) -> None:
+    def __init__(self, cfg: FeatureConfig, delay_ms: int, corrections: bool = False) -> None:
+        """``corrections``: the joiner joins conversions, so every clicked example has a correction."""
         if delay_ms < 0:
             raise ValueError(f"ItemStage: delay_ms must be >= 0, got {delay_ms}")
         self.delay_ms = delay_ms
+        self.corrections = corrections
         self.stats = StreamingFeatures(cfg)  # only its items are used
         # examples attached but not yet counted: (impression time, impression id, item, label)
         self._waiting: list[tuple[int, str, str, int]] = []
+        # what clicked examples whose correction is still to come were given, by impression id
+        self._to_correct: dict[str, dict[str, float]] = {}
 
     @classmethod
     def of(cls, cfg: Config, state: Mapping[str, Any] | None = None) -> ItemStage:
@@ -64,15 +73,25 @@ class ItemStage:
         fresh or restored from ``state`` (:meth:`to_state`)."""
         j = cfg.joiner
         delay_ms = round((j.attribution_window_s + j.watermark_lag_s) * 1_000)
-        return cls(cfg.features, delay_ms) if state is None else cls.from_state(state, cfg.features, delay_ms)
+        if state is None:
+            return cls(cfg.features, delay_ms, j.conversion_window_s > 0)
+        return cls.from_state(state, cfg.features, delay_ms, j.conversion_window_s > 0)
 
     def attach(self, examples: list[LabelledExample]) -> list[LabelledExample]:
         """Set each example's item features (in place, merge order) and count it for later ones."""
         for ex in examples:
             imp = ex.impression
             visible = imp.ts - self.delay_ms
+            if ex.correction:
+                given = self._to_correct.pop(imp.impression_id, None)
+                # its first emission passed before this stage's state began: the nearest we have
+                ex.stream_features.update(given or self.stats.lookup_item(imp.item_id, visible))
+                continue
             self.advance(visible)
-            ex.stream_features.update(self.stats.lookup_item(imp.item_id, visible))
+            item = self.stats.lookup_item(imp.item_id, visible)
+            ex.stream_features.update(item)
+            if self.corrections and ex.label:  # its correction follows
+                self._to_correct[imp.impression_id] = item
             heapq.heappush(self._waiting, (imp.ts, imp.impression_id, imp.item_id, ex.label))
         return examples
 
@@ -95,10 +114,13 @@ class ItemStage:
             "delay_ms": self.delay_ms,
             "features": self.stats.to_state(),
             "waiting": sorted(self._waiting),
+            "to_correct": self._to_correct,
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], cfg: FeatureConfig, delay_ms: int) -> ItemStage:
+    def from_state(
+        cls, state: Mapping[str, Any], cfg: FeatureConfig, delay_ms: int, corrections: bool = False
+    ) -> ItemStage:
         """Rebuild from :meth:`to_state`. A checkpoint made with another delay means other features
         for every example after it: refused, as the configuration changed under the checkpoint."""
         if state.get("version") != _STATE_VERSION or state.get("delay_ms") != delay_ms:
@@ -107,8 +129,9 @@ class ItemStage:
                 f"does not match version {_STATE_VERSION} / delay_ms {delay_ms} (attribution window + "
                 "watermark lag): start the trainer from a fresh state folder, or restore the old settings"
             )
-        stage = cls(cfg, delay_ms)
+        stage = cls(cfg, delay_ms, corrections)
         stage.stats = StreamingFeatures.from_state(state["features"], cfg)
+        stage._to_correct = dict(state.get("to_correct", {}))
         stage._waiting = [(int(t), str(i), str(item), int(y)) for t, i, item, y in state["waiting"]]
         heapq.heapify(stage._waiting)
         return stage

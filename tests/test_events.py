@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.config import ValidationConfig
-from pipeline.core.events import REASONS, Click, DeadLetter, Impression, LabelledExample
+from pipeline.core.events import REASONS, Click, Conversion, DeadLetter, Impression, LabelledExample
 from pipeline.core.pseudonyms import Pseudonymizer
 from pipeline.core.types import ManualClock, RawEvent
 from pipeline.core.validation import Validator
@@ -110,6 +110,50 @@ def test_bad_click_is_rejected(v: Validator) -> None:
     assert isinstance(out, DeadLetter) and out.reason == "bad_type" and out.kind == "click"
 
 
+GOOD_CONVERSION = {
+    "conversion_id": "v-1",
+    "impression_id": "i-1",
+    "ts": NOW,
+    "user_id": "alice",
+    "value": 12.5,
+}
+
+
+def test_conversions_validate_with_an_optional_value(v: Validator) -> None:
+    out = v.conversion(GOOD_CONVERSION)
+    assert isinstance(out, Conversion) and out.value == 12.5 and out.user_id.startswith("u_")
+    bare = v.conversion(json.dumps({k: x for k, x in GOOD_CONVERSION.items() if k != "value"}).encode())
+    assert isinstance(bare, Conversion) and bare.value is None and "value" not in bare.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"value": -1}, "bad_value"),
+        ({"value": float("inf")}, "bad_value"),
+        ({"value": "12"}, "bad_type"),
+        ({"value": True}, "bad_type"),
+        ({"conversion_id": ""}, "bad_id"),
+        ({"impression_id": None}, "bad_type"),
+        ({"click": 1}, "unknown_field"),
+    ],
+)
+def test_bad_conversions_are_dead_letters(v: Validator, change: dict, reason: str) -> None:
+    out = v.conversion({**GOOD_CONVERSION, **change})
+    assert isinstance(out, DeadLetter) and (out.reason, out.kind) == (reason, "conversion")
+    missing = v.conversion({k: x for k, x in GOOD_CONVERSION.items() if k != "impression_id"})
+    assert isinstance(missing, DeadLetter) and missing.reason == "missing_field"
+
+
+def test_corrections_round_trip_with_their_own_example_id(v: Validator) -> None:
+    a = v.impression(GOOD_IMP)
+    assert isinstance(a, Impression)
+    first, fix = LabelledExample(a, 1, NOW, {}, None), LabelledExample(a, 1, NOW + 5, {}, 1, True, 30.0)
+    assert (first.example_id, fix.example_id) == ("i-1", "i-1#cv")
+    assert [LabelledExample.from_json(e.to_json()) for e in (first, fix)] == [first, fix]
+    assert b"conversion" not in first.to_json()  # examples without conversions read as before
+
+
 def test_deep_nesting_is_a_dead_letter_not_a_crash(v: Validator) -> None:
     out = v.validate(RawEvent("click", b"[" * 50_000 + b"]" * 50_000, "t"))
     assert isinstance(out, DeadLetter) and out.reason in ("bad_json", "too_large")
@@ -173,7 +217,7 @@ def test_an_event_on_another_partition_than_its_users_is_a_dead_letter() -> None
     assert isinstance(dead, DeadLetter) and dead.reason == "wrong_partition"
     assert (
         f"routes to partition {home}" in dead.detail
-        and "key impressions and clicks by user_id" in dead.detail
+        and "key impressions, clicks and conversions by user_id" in dead.detail
     )
 
 

@@ -27,5 +27,6 @@ def test_every_refused_event_gets_the_expected_reason() -> None:
     expected = {f: n for f, n in c.fates.items() if f in REASONS and f != "user_mismatch"}
     assert dict(reasons) == expected
     # the corpus covers every reason but the joiner's and the partition check's (one partition here)
-    assert set(expected) >= set(REASONS) - {"user_mismatch", "orphan_click", "wrong_partition"}
+    joiners = {"user_mismatch", "orphan_click", "orphan_conversion"}
+    assert set(expected) >= set(REASONS) - joiners - {"wrong_partition"}
     assert c.hostile == 10_000

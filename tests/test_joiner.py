@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.core.config import JoinerConfig
-from pipeline.core.events import Click, Impression
+from pipeline.core.events import Click, Conversion, Impression
 from pipeline.join.joiner import Joiner
 
 MIN = 60_000
@@ -85,7 +85,7 @@ def test_click_whose_impression_never_comes_is_orphaned() -> None:
     j.process_all([click("c1", "ghost", 0), imp("i9", 11 * MIN)])
     assert j.stats.orphan_clicks == 1
     [rejected] = j.drain_rejected()  # a dead letter with its reason: never dropped silently
-    assert (rejected.click.click_id, rejected.reason) == ("c1", "orphan_click")
+    assert (rejected.event.click_id, rejected.reason) == ("c1", "orphan_click")
     assert "ghost" in rejected.detail
     j.flush()
     assert labels(j) == {"i9": 0}
@@ -122,7 +122,7 @@ def test_click_from_another_user_is_rejected() -> None:
     j = joiner()
     j.process_all([imp("i1", 0, user="u1"), click("c1", "i1", MIN, user="u2")])
     rejected = j.drain_rejected()
-    assert [(r.click.click_id, r.reason) for r in rejected] == [("c1", "user_mismatch")]
+    assert [(r.event.click_id, r.reason) for r in rejected] == [("c1", "user_mismatch")]
     j.flush()
     assert labels(j) == {"i1": 0}
 
@@ -193,3 +193,69 @@ def test_checkpoint_refuses_undrained_output() -> None:
     j.process_all([imp("i1", 0), click("c1", "i1", MIN), imp("i2", 20 * MIN)])
     with pytest.raises(RuntimeError, match="drain"):
         j.to_state()
+
+
+def conversion(vid: str, iid: str, ts: int, user: str = "u1", value: float | None = None) -> Conversion:
+    return Conversion(vid, iid, T0 + ts, user, value)
+
+
+def test_a_clicked_impression_is_corrected_when_its_conversion_window_closes() -> None:
+    j = joiner(conversion_window_s=3_600)
+    j.process_all(
+        [imp("i1", 0), click("c1", "i1", MIN), imp("i2", MIN), conversion("v1", "i1", 30 * MIN, value=9.5)]
+    )
+    j.process_all([imp("i3", 16 * MIN)])  # both click windows closed, i1's conversion window open
+    out = j.drain()
+    assert [(e.example_id, e.label, e.conversion) for e in out] == [("i1", 1, None), ("i2", 0, 0)]
+    j.process_all([imp("i4", 61 * MIN + 1)])  # past c1 + 60 min
+    fix = j.drain()
+    assert [(e.example_id, e.label, e.label_ts, e.conversion, e.correction) for e in fix] == [
+        ("i3", 0, T0 + 31 * MIN, 0, False),
+        ("i1#cv", 1, T0 + 30 * MIN, 1, True),
+    ]
+    assert fix[1].conversion_value == 9.5 and fix[1].stream_features == out[0].stream_features
+    assert (j.stats.corrections, j.stats.converted, j.stats.examples) == (1, 1, 3)
+
+
+def test_a_click_without_conversion_is_corrected_to_zero_at_window_end() -> None:
+    j = joiner(conversion_window_s=600)  # shorter than the click window: corrected with it
+    j.process_all([imp("i1", 0), click("c1", "i1", MIN), imp("i2", 16 * MIN)])
+    assert [(e.example_id, e.conversion, e.label_ts) for e in j.drain()] == [
+        ("i1", None, T0 + MIN),
+        ("i1#cv", 0, T0 + 15 * MIN),
+    ]
+
+
+def test_conversions_that_cannot_be_attributed_are_counted_or_dead_letters() -> None:
+    j = joiner(conversion_window_s=3_600)
+    j.process_all(
+        [
+            imp("i1", 0),
+            imp("i2", 0),
+            imp("i3", 0, user="u2"),
+            conversion("v0", "i2", MIN),  # i2 never clicked (yet): post-view
+            click("c1", "i1", MIN),
+            click("c3", "i3", MIN, user="u2"),
+            conversion("v1", "i1", 2 * MIN),
+            conversion("v1b", "i1", 3 * MIN),  # a second one for i1
+            conversion("v3", "i3", 3 * MIN, user="u1"),  # another user's
+            conversion("vx", "nowhere", 3 * MIN),
+            conversion("v3late", "i3", 62 * MIN, user="u2"),  # past c3 + 60 min, i3 still held
+            imp("i9", 70 * MIN),
+            conversion("v2", "i2", 70 * MIN),  # i2 finalised as a negative, still remembered
+        ]
+    )
+    s = j.stats
+    assert (s.conversions, s.converted, s.duplicate_conversions) == (7, 1, 1)
+    assert (s.unclicked_conversions, s.late_conversions, s.orphan_conversions) == (2, 1, 1)
+    rejected = [(r.event.conversion_id, r.reason) for r in j.drain_rejected()]
+    assert rejected == [("v3", "user_mismatch"), ("vx", "orphan_conversion")]
+
+
+def test_without_a_conversion_window_conversions_are_counted_and_ignored() -> None:
+    j = joiner()
+    j.process_all(
+        [imp("i1", 0), click("c1", "i1", MIN), conversion("v1", "i1", 2 * MIN), imp("i2", 16 * MIN)]
+    )
+    assert [(e.example_id, e.conversion) for e in j.drain()] == [("i1", None)]
+    assert (j.stats.conversions, j.stats.ignored_conversions) == (1, 1)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from pipeline.core.config import Config
-from pipeline.core.events import Click, Impression
+from pipeline.core.events import Click, Conversion, Impression
 from pipeline.join.partition_task import PartitionTask
 
 T0 = 1_767_225_600_000
@@ -27,39 +27,62 @@ def streams(n: int = 400) -> tuple[list[Impression], list[Click]]:
     return imps, clicks
 
 
+def with_conversions(clicks: list[Click], seed: int = 5) -> list[Conversion]:
+    """A conversion after some of ``clicks`` (a few late, a few duplicated), in ts order."""
+    rng = random.Random(seed)
+    out = []
+    for c in clicks:
+        if rng.random() < 0.3:
+            out.append(
+                Conversion(
+                    f"v{c.impression_id}", c.impression_id, c.ts + rng.randrange(0, 3_000_000), c.user_id
+                )
+            )
+            if rng.random() < 0.1:
+                out.append(Conversion(f"w{c.impression_id}", c.impression_id, out[-1].ts + 5, c.user_id))
+    out.append(Conversion("v-nowhere", "i-nowhere", clicks[len(clicks) // 2].ts, clicks[0].user_id))
+    out.sort(key=lambda v: v.ts)
+    return out
+
+
 def play(
     task: PartitionTask,
     imps: list[Impression],
     clicks: list[Click],
     seed: int,
-    start: tuple[int, int] = (0, 0),
+    start: tuple[int, ...] = (0, 0, 0),
     stop_after: int | None = None,
-) -> list[tuple[str, int, str]]:
-    """Offer both streams in a random interleaving of fetch-sized chunks; return the examples."""
+    conversions: list[Conversion] = (),  # type: ignore[assignment]
+) -> list[tuple[str, int, str, int | None]]:
+    """Offer the streams in a random interleaving of fetch-sized chunks; return the examples."""
     rng = random.Random(seed)
-    i, c = start
+    events: list[list] = [imps, clicks, list(conversions)]
+    kinds = ("impression", "click", "conversion")
+    at = [*start, 0, 0][:3]
     out = []
     steps = 0
-    while i < len(imps) or c < len(clicks):
+
+    def drained() -> list[tuple[str, int, str, int | None]]:
+        return [
+            (e.example_id, e.label, json.dumps(e.stream_features, sort_keys=True), e.conversion)
+            for e in task.drain()
+        ]
+
+    while any(at[k] < len(events[k]) for k in range(3)):
         if stop_after is not None and steps >= stop_after:
             break
         steps += 1
-        if c >= len(clicks) or (i < len(imps) and rng.random() < 0.5):
-            for _ in range(rng.randrange(1, 30)):
-                if i < len(imps):
-                    task.offer("impression", i, imps[i])
-                    i += 1
-        else:
-            for _ in range(rng.randrange(1, 30)):
-                if c < len(clicks):
-                    task.offer("click", c, clicks[c])
-                    c += 1
+        k = rng.choice([k for k in range(3) if at[k] < len(events[k])])
+        for _ in range(rng.randrange(1, 30)):
+            if at[k] < len(events[k]):
+                task.offer(kinds[k], at[k], events[k][at[k]])
+                at[k] += 1
         task.run(now=0.0)  # never idle: only the merge decides
-        out += [(e.example_id, e.label, json.dumps(e.stream_features, sort_keys=True)) for e in task.drain()]
+        out += drained()
     if stop_after is None:
-        task.run(now=1e12)  # the end: both streams idle
+        task.run(now=1e12)  # the end: every stream idle
         task.joiner.flush()
-        out += [(e.example_id, e.label, json.dumps(e.stream_features, sort_keys=True)) for e in task.drain()]
+        out += drained()
     return out
 
 
@@ -83,6 +106,43 @@ def test_resume_from_checkpoint_reemits_identical_examples(stop_after: int) -> N
     offsets = state["next_offsets"]
     got += play(second, imps, clicks, seed=2, start=(offsets["impression"], offsets["click"]))
     assert got == whole
+
+
+def conversion_config() -> Config:
+    cfg = Config()
+    cfg.joiner.conversion_window_s = 2_400.0
+    return cfg
+
+
+def test_conversions_any_interleaving_same_examples_and_corrections() -> None:
+    imps, clicks = streams()
+    convs = with_conversions(clicks)
+    runs = [play(PartitionTask(conversion_config(), 0), imps, clicks, s, conversions=convs) for s in range(4)]
+    assert all(r == runs[0] for r in runs[1:])
+    firsts = [r for r in runs[0] if not r[0].endswith("#cv")]
+    corrections = {r[0][:-3]: r[3] for r in runs[0] if r[0].endswith("#cv")}
+    assert len(firsts) == len(imps)
+    assert {r[0] for r in firsts if r[1] == 1} == set(corrections)  # every click corrected once
+    assert all(r[3] == (None if r[1] else 0) for r in firsts)  # a click's conversion: not final yet
+    assert 0 < sum(corrections.values()) < len(corrections)
+
+
+@pytest.mark.parametrize("stop_after", [3, 20, 60])
+def test_resume_with_conversions_held_reemits_identical_examples(stop_after: int) -> None:
+    cfg = conversion_config()
+    imps, clicks = streams()
+    convs = with_conversions(clicks)
+    whole = play(PartitionTask(cfg, 0), imps, clicks, seed=1, conversions=convs)
+    first = PartitionTask(cfg, 0)
+    got = play(first, imps, clicks, seed=1, stop_after=stop_after, conversions=convs)
+    state = json.loads(json.dumps(first.to_state()))
+    second = PartitionTask(cfg, 0)
+    second.load_state(state, cfg)
+    start = tuple(state["next_offsets"][k] for k in ("impression", "click", "conversion"))
+    got += play(second, imps, clicks, seed=2, start=start, conversions=convs)
+    assert got == whole
+    held = [p for p in state["joiner"]["pending"] if p[2] is not None]  # clicked, correction to come
+    assert (len(held) > 0, any(len(p) == 4 for p in held)) == (stop_after >= 20, stop_after >= 60)
 
 
 def test_a_task_counts_its_users_only() -> None:

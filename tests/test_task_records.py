@@ -9,10 +9,10 @@ import random
 import pytest
 
 from pipeline.core.config import Config
-from pipeline.core.events import Click, Impression
+from pipeline.core.events import Click, Conversion, Impression
 from pipeline.join.partition_task import PartitionTask
 from pipeline.join.task_records import changes, state_from_records, track
-from tests.test_partition_task import T0, play, streams
+from tests.test_partition_task import T0, play, streams, with_conversions
 
 
 def compacted(log: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]) -> None:
@@ -42,24 +42,31 @@ def canonical(state: dict) -> str:
     return json.dumps(state, sort_keys=True)
 
 
+def offered(task: PartitionTask) -> tuple[int, ...]:
+    return tuple(s.offered_upto for s in task.streams.values())
+
+
 @pytest.mark.parametrize("stop_after", [3, 20, 45])
-@pytest.mark.parametrize("sequence_length", [0, 3])
-def test_a_task_restored_from_its_records_continues_exactly(stop_after: int, sequence_length: int) -> None:
-    """Also with behaviour sequences, which live in the user's record beside its counters."""
+@pytest.mark.parametrize(("sequence_length", "conversions"), [(0, False), (3, False), (0, True)])
+def test_a_task_restored_from_its_records_continues_exactly(
+    stop_after: int, sequence_length: int, conversions: bool
+) -> None:
+    """Also with behaviour sequences, which live in the user's record beside its counters, and with
+    clicked impressions held for their conversions."""
     cfg = Config()
     cfg.features.sequence_length = sequence_length
+    cfg.joiner.conversion_window_s = 2_400.0 if conversions else 0.0
     imps, clicks = streams()
-    whole = play(PartitionTask(cfg, 0), imps, clicks, seed=1)
+    convs = with_conversions(clicks) if conversions else []
+    whole = play(PartitionTask(cfg, 0), imps, clicks, seed=1, conversions=convs)
 
     first = PartitionTask(cfg, 0)
     track(first)
     log: dict[bytes, bytes] = {}
     got: list = []
     rng = random.Random(7)
-    i = c = 0
     for step in range(stop_after):
-        got += play(first, imps, clicks, seed=step, start=(i, c), stop_after=1)
-        i, c = first.streams["impression"].offered_upto, first.streams["click"].offered_upto
+        got += play(first, imps, clicks, seed=step, start=offered(first), stop_after=1, conversions=convs)
         if rng.random() < 0.5:  # a checkpoint after some polls, not others
             checkpoint(first, log)
     checkpoint(first, log)
@@ -69,11 +76,12 @@ def test_a_task_restored_from_its_records_continues_exactly(stop_after: int, seq
     assert canonical(state) == canonical(first.to_state())
     second = PartitionTask(cfg, 0)
     second.load_state(state, cfg)
-    offsets = state["next_offsets"]
-    got += play(second, imps, clicks, seed=2, start=(offsets["impression"], offsets["click"]))
+    offsets = tuple(state["next_offsets"].values())
+    got += play(second, imps, clicks, seed=2, start=offsets, conversions=convs)
     assert got == whole
-    longest = max(len(json.loads(features).get("user_clicked_items", ())) for _, _, features in whole)
+    longest = max(len(json.loads(features).get("user_clicked_items", ())) for _, _, features, _ in whole)
     assert longest == sequence_length  # sequences were attached (and restored) when kept
+    assert any(ex[0].endswith("#cv") and ex[3] == 1 for ex in whole) == conversions
 
 
 def test_a_checkpoint_writes_the_users_that_changed_not_the_whole_state() -> None:
@@ -118,35 +126,53 @@ def hostile_streams(n: int = 3_000) -> tuple[list[Impression], list[Click]]:
     return imps, clicks
 
 
+def hostile_conversions(imps: list[Impression], clicks: list[Click]) -> list[Conversion]:
+    """Conversions in and past the window, duplicated, of another user, of an impression never
+    clicked, of no impression: every branch of the conversion join."""
+    rng = random.Random(12)
+    out = with_conversions(clicks, seed=13)
+    for c in clicks[::7]:
+        out.append(Conversion(f"late{c.click_id}", c.impression_id, c.ts + 3_000_000, c.user_id))
+    for c in clicks[3::11]:
+        out.append(Conversion(f"other{c.click_id}", c.impression_id, c.ts + 10_000, f"u_{rng.randrange(40)}"))
+    for i in imps[5::50]:
+        out.append(Conversion(f"view{i.impression_id}", i.impression_id, i.ts + 60_000, i.user_id))
+    out.sort(key=lambda v: v.ts)
+    return out
+
+
 @pytest.mark.parametrize("stop_after", [10, 60, 150])
-def test_restores_hold_for_duplicates_early_orphan_and_foreign_clicks(stop_after: int) -> None:
+@pytest.mark.parametrize("conversions", [False, True])
+def test_restores_hold_for_duplicates_early_orphan_and_foreign_clicks(
+    stop_after: int, conversions: bool
+) -> None:
+    cfg = Config()
+    cfg.joiner.conversion_window_s = 1_800.0 if conversions else 0.0
     imps, clicks = hostile_streams()
-    whole = play(PartitionTask(Config(), 0), imps, clicks, seed=1)
-    task = PartitionTask(Config(), 0)
+    convs = hostile_conversions(imps, clicks) if conversions else []
+    whole = play(PartitionTask(cfg, 0), imps, clicks, seed=1, conversions=convs)
+    task = PartitionTask(cfg, 0)
     track(task)
     log: dict[bytes, bytes] = {}
     got: list = []
     for step in range(stop_after):
-        at = task.streams["impression"].offered_upto, task.streams["click"].offered_upto
-        got += play(task, imps, clicks, seed=step, start=at, stop_after=1)
+        got += play(task, imps, clicks, seed=step, start=offered(task), stop_after=1, conversions=convs)
         if step % 3 == 0:
             checkpoint(task, log)
-            state = state_from_records(log, Config().joiner)
+            state = state_from_records(log, cfg.joiner)
             assert state is not None and canonical(state) == canonical(task.to_state())
     checkpoint(task, log)
-    state = state_from_records(log, Config().joiner)
+    state = state_from_records(log, cfg.joiner)
     assert state is not None
-    again = PartitionTask(Config(), 0)
-    again.load_state(state, Config())
+    again = PartitionTask(cfg, 0)
+    again.load_state(state, cfg)
     track(again)
-    got += play(
-        again,
-        imps,
-        clicks,
-        seed=5,
-        start=(state["next_offsets"]["impression"], state["next_offsets"]["click"]),
-    )
+    got += play(again, imps, clicks, seed=5, start=tuple(state["next_offsets"].values()), conversions=convs)
     assert got == whole
+    stats = again.joiner.stats
+    if conversions:  # every branch taken
+        assert min(stats.converted, stats.late_conversions, stats.duplicate_conversions) > 0
+        assert min(stats.unclicked_conversions, stats.orphan_conversions) > 0
 
 
 def test_records_without_a_header_are_refused() -> None:

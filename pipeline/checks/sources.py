@@ -30,7 +30,7 @@ def _events(impl: str, batches: Iterable[Any]) -> list[RawEvent]:
         if not isinstance(batch, list):
             fail(impl, "batches are lists of RawEvent", f"batch {i} is a {type(batch).__name__}")
         for e in batch:
-            if not isinstance(e, RawEvent) or e.kind not in ("impression", "click"):
+            if not isinstance(e, RawEvent) or e.kind not in ("impression", "click", "conversion"):
                 fail(impl, "batches are lists of RawEvent", f"batch {i} holds {e!r:.200}")
         out.extend(batch)
     return out

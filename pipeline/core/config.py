@@ -93,6 +93,11 @@ class JoinerConfig(Section):
     watermark_lag_s: Seconds = 60.0  # watermark = max event time seen - lag (tolerated disorder)
     early_click_hold_s: Seconds = 900.0  # how long a click waits for an impression it came before
     dedup_horizon_s: Seconds = 3_600.0  # ids are remembered this long past their window for dedup
+    # conversions (the conversions topic / "conversion" events) are joined to the clicked impression
+    # if they come within this of its click; a clicked impression is then emitted again, as a
+    # correction with its final conversion label, when this window closes. 0 = conversions not
+    # joined (each one is counted as ignored)
+    conversion_window_s: Seconds = 0.0
 
 
 @dataclass(config=CHECKED, repr=False)
@@ -180,6 +185,11 @@ class SimulatorConfig(Section):
     duplicate_rate: Share = 0.002  # share of impressions and of clicks delivered twice
     early_click_rate: Share = 0.002  # share of clicks delivered before their impression
     early_click_max_delay_s: Seconds = 30.0  # only clicks this quick are skewed (impression arrives late)
+    conversion_rate: Share = 0.0  # mean probability that a click converts (purchase); 0 = no conversions
+    conversion_delay_median_s: Positive = 1_800.0  # lognormal click -> conversion delay: median
+    conversion_delay_sigma: NonNegative = 1.0  # its lognormal shape
+    conversion_delay_max_s: Seconds = 86_400.0  # conversion delays are capped here
+    conversion_value_median: NonNegative = 30.0  # median order value (lognormal, cents); 0 = no value
 
 
 @dataclass(config=CHECKED, repr=False)

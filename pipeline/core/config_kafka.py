@@ -28,6 +28,7 @@ class KafkaConfig(Section):
     bootstrap_servers: str = "127.0.0.1:19092"  # comma-separated host:port list (deploy/services.sh's broker)
     impressions_topic: str = "impressions"  # raw impressions, JSON, keyed by user id
     clicks_topic: str = "clicks"  # raw clicks, JSON, keyed by user id
+    conversions_topic: str = "conversions"  # raw conversions, JSON, keyed by user id
     examples_topic: str = "examples"  # the joiner's labelled examples, as JSON lines
     # most examples in one record of the examples topic (pipeline.kafka.example_records): records,
     # not bytes, are what kafka-python pays for; 1 = one example per record, as before 2026-12

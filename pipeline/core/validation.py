@@ -1,5 +1,6 @@
-"""Strict validation: raw events become an :class:`~pipeline.core.events.Impression` or a
-:class:`~pipeline.core.events.Click`, or a :class:`~pipeline.core.events.DeadLetter` with a reason.
+"""Strict validation: raw events become an :class:`~pipeline.core.events.Impression`, a
+:class:`~pipeline.core.events.Click` or a :class:`~pipeline.core.events.Conversion`, or a
+:class:`~pipeline.core.events.DeadLetter` with a reason.
 Validation never raises on bad input.
 
 User ids and the configured device/IP feature values are replaced at ingest by a keyed hash
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.core.config import ValidationConfig
-from pipeline.core.events import Click, DeadLetter, Impression
+from pipeline.core.events import Click, Conversion, DeadLetter, Impression
 from pipeline.core.pseudonyms import Pseudonymizer, identifier_pattern
 from pipeline.core.types import Clock, ManualClock, RawEvent
 
@@ -51,10 +52,13 @@ class _Reject(Exception):
 _IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense"}
 _IMPRESSION_FIELDS |= {"model_version", "score"}  # optional: what served it (the A/B readout)
 _CLICK_FIELDS = {"click_id", "impression_id", "ts", "user_id"}
+_CONVERSION_FIELDS = {"conversion_id", "impression_id", "ts", "user_id", "value"}
+_CONVERSION_REQUIRED = ("conversion_id", "impression_id", "ts", "user_id")
 
 
 class Validator:
-    """Turns raw events into :class:`Impression`/:class:`Click`, or a :class:`DeadLetter` with a reason.
+    """Turns raw events into :class:`Impression`/:class:`Click`/:class:`Conversion`, or a
+    :class:`DeadLetter` with a reason.
 
     Timestamps are judged against each event's :attr:`RawEvent.entered_ms`; ``clock`` is the
     fallback for events that carry none (a record without a timestamp, a direct call).
@@ -79,25 +83,32 @@ class Validator:
         self.rejected: dict[str, int] = {}
 
     # -- public API ------------------------------------------------------------------------------
-    def validate(self, raw: RawEvent) -> Impression | Click | DeadLetter:
+    def validate(self, raw: RawEvent) -> Impression | Click | Conversion | DeadLetter:
         """Decode and check one raw event; never raises on bad input."""
         try:
             obj = self._decode(raw.value)
             ref = raw.entered_ms if raw.entered_ms is not None else self.clock.now_ms()
             if raw.kind == "impression":
                 return self._impression(obj, ref, raw.partition)
+            if raw.kind == "conversion":
+                return self._conversion(obj, ref, raw.partition)
             return self._click(obj, ref, raw.partition)
         except _Reject as rej:
             return self._dead(raw, rej.reason, rej.detail)
 
     def impression(self, value: bytes | Mapping[str, Any]) -> Impression | DeadLetter:
         out = self.validate(RawEvent("impression", value, "direct"))
-        assert not isinstance(out, Click)
+        assert isinstance(out, Impression | DeadLetter)
         return out
 
     def click(self, value: bytes | Mapping[str, Any]) -> Click | DeadLetter:
         out = self.validate(RawEvent("click", value, "direct"))
-        assert not isinstance(out, Impression)
+        assert isinstance(out, Click | DeadLetter)
+        return out
+
+    def conversion(self, value: bytes | Mapping[str, Any]) -> Conversion | DeadLetter:
+        out = self.validate(RawEvent("conversion", value, "direct"))
+        assert isinstance(out, Conversion | DeadLetter)
         return out
 
     def dead_letter(self, raw: RawEvent, reason: str, detail: str) -> DeadLetter:
@@ -188,7 +199,7 @@ class Validator:
                 raise _Reject(
                     "wrong_partition",
                     f"on partition {partition}, but its user_id routes to partition {home}: "
-                    "key impressions and clicks by user_id",
+                    "key impressions, clicks and conversions by user_id",
                 )
         return self.pseudonymize(user)
 
@@ -266,4 +277,19 @@ class Validator:
             impression_id=self._id(obj, "impression_id"),
             ts=self._ts(obj, now),
             user_id=self._user(obj, partition),
+        )
+
+    def _conversion(self, obj: Mapping[str, Any], now: int, partition: int) -> Conversion:
+        self._check_fields(obj, _CONVERSION_FIELDS, _CONVERSION_REQUIRED)
+        value = obj.get("value")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _Reject("bad_type", f"'value' is {type(value).__name__}, expected number or null")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise _Reject("bad_value", f"'value' must be finite and >= 0, got {value!r}")
+        return Conversion(
+            conversion_id=self._id(obj, "conversion_id"),
+            impression_id=self._id(obj, "impression_id"),
+            ts=self._ts(obj, now),
+            user_id=self._user(obj, partition),
+            value=None if value is None else float(value),
         )

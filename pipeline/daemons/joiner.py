@@ -1,4 +1,5 @@
-"""`ctr joiner`: impressions + clicks from Kafka -> labelled examples on Kafka + features in Feast.
+"""`ctr joiner`: impressions + clicks (+ conversions) from Kafka -> labelled examples on Kafka + features
+in Feast.
 
 One :class:`~pipeline.join.partition_task.PartitionTask` per assigned partition number, its state
 kept in the joiner's changelog topic (:mod:`pipeline.daemons.joiner_state`). Every
@@ -37,7 +38,7 @@ from features.aggregations import FeatureRow
 from features.store import FeatureWriter, open_store
 from pipeline.core import logs, systemd
 from pipeline.core.config import Config
-from pipeline.core.events import DeadLetter
+from pipeline.core.events import DeadLetter, kind_of
 from pipeline.core.metrics import serve_metrics
 from pipeline.core.partitioning import partition_of
 from pipeline.core.types import RawEvent, WallClock
@@ -45,7 +46,7 @@ from pipeline.core.validation import Validator
 from pipeline.daemons.joiner_metrics import JoinerMetrics
 from pipeline.daemons.joiner_state import TaskStates
 from pipeline.join.dead_letter_alarm import DeadLetterAlarm
-from pipeline.join.partition_task import PartitionTask
+from pipeline.join.partition_task import PartitionTask, stream_kinds
 from pipeline.kafka import example_records
 from pipeline.kafka.io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaEventSource
@@ -64,13 +65,16 @@ class JoinerDaemon:
     def __init__(self, cfg: Config, feature_dir: Path | None = None) -> None:
         self.cfg = cfg
         k = cfg.kafka
-        ensure_topics(cfg.kafka, [k.impressions_topic, k.clicks_topic, k.examples_topic], k.partitions)
+        topics = {"impression": k.impressions_topic, "click": k.clicks_topic}
+        topics["conversion"] = k.conversions_topic
+        # the input topics: conversions only when they are joined
+        self.topic_of = {kind: topics[kind] for kind in stream_kinds(cfg)}
+        ensure_topics(cfg.kafka, [*self.topic_of.values(), k.examples_topic], k.partitions)
         ensure_topics(cfg.kafka, [k.dead_letter_topic], 1)
         self.state_dir = Path(cfg.daemon.state_dir).expanduser() / "joiner"
-        self.topic_of = {"impression": k.impressions_topic, "click": k.clicks_topic}
         self.source = KafkaEventSource(
             k,
-            {k.impressions_topic: "impression", k.clicks_topic: "click"},
+            {topic: kind for kind, topic in self.topic_of.items()},  # type: ignore[misc]  # EventKinds
             group_id=f"{k.group_id_prefix}-joiner",
             on_revoke=self._on_revoke,
             read_committed=True,  # a newly assigned partition waits for its last checkpoint to end
@@ -103,11 +107,11 @@ class JoinerDaemon:
     def _partitions(self) -> int:
         """The input topics' (equal) partition count, read from the broker."""
         k = self.cfg.kafka
-        counts = {t: self.source.partition_count(t) for t in (k.impressions_topic, k.clicks_topic)}
+        counts = {t: self.source.partition_count(t) for t in self.topic_of.values()}
         if len(set(counts.values())) != 1:
             raise ValueError(
-                f"joiner: the input topics have different partition counts {counts}; a user's impressions "
-                "and clicks must share a partition number: give both topics the same count"
+                f"joiner: the input topics have different partition counts {counts}; a user's events "
+                "must share a partition number: give the input topics the same count"
             )
         n = next(iter(counts.values()))
         examples = self.source.partition_count(k.examples_topic)
@@ -251,7 +255,7 @@ class JoinerDaemon:
             self.examples.send(None, value, partition=task.partition)  # on partition p
         self.counters["examples"] += len(drained)
         for rej in task.joiner.drain_rejected():
-            raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
+            raw = RawEvent(kind_of(rej.event), rej.event.to_dict(), "joiner", task.partition)
             self._dead_letter(self.validator.dead_letter(raw, rej.reason, rej.detail))
 
     def checkpoint(self) -> None:

@@ -37,6 +37,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import LabelledExample
 from pipeline.core.metrics import Registry, export_consumer_state, serve_metrics
 from pipeline.daemons.idempotent_store import IdempotentStore
+from pipeline.daemons.seen_ids import SeenIds
 from pipeline.daemons.trainer_items import TrainerItems
 from pipeline.daemons.trainer_metrics import collect, record_block
 from pipeline.daemons.trainer_metrics import declare as declare_metrics
@@ -88,7 +89,7 @@ class TrainerDaemon:
         self.pos: dict[str, int] = meta.get("positions") or from_offsets(meta.get("offsets", {}))
         self._closing_pos: dict[str, int] = {}
         self.block_closed_at = 0.0  # wall time the last block's last example was read
-        self.seen: dict[str, int] = meta.get("seen", {})
+        self.seen = SeenIds(cfg.joiner, meta.get("seen"))
         self.items = TrainerItems(cfg, self.dir / "feast", meta.get("items"))  # global item features
         self.ab = ABReadout.from_dict(meta.get("ab", {}))  # per served version, checkpointed with the offsets
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
@@ -113,7 +114,7 @@ class TrainerDaemon:
     def _meta(self, **extra: Any) -> dict[str, Any]:
         return {
             "positions": self.pos,
-            "seen": self.seen,
+            "seen": self.seen.ids,
             "blocks": self.trainer.blocks,
             "champion_version": self.trainer.champion_version,
             "ab": self.ab.to_dict(),
@@ -191,12 +192,12 @@ class TrainerDaemon:
                 fresh: list[LabelledExample] = []  # handed to the trainer a block boundary at a time
                 for ex, p, after in self.merge.pop_tagged(functools.partial(self._idle, now=now)):
                     self.pos[f"{self.source.topic}:{p}"] = after
-                    if ex.example_id in self.seen:
+                    if not self.seen.take(ex):
                         self.counters["duplicates"] += 1  # the joiner replayed it after a restart
                         continue
-                    self.seen[ex.example_id] = ex.impression.ts
                     self.counters["examples"] += 1
-                    self.ab.add(ex.impression.model_version, ex.label, ex.impression.score)
+                    if not ex.correction:  # the click readout: a correction repeats a click
+                        self.ab.add(ex.impression.model_version, ex.label, ex.impression.score)
                     fresh.append(self.items.attach(ex))  # global item features, in merge order
                     if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
@@ -259,7 +260,7 @@ class TrainerDaemon:
             # version (an accepted block's candidate was checkpointed by save_pending already)
             assert self.trainer.champion is not None
             self._save_learner(self.trainer.champion)
-        self._prune_seen(report.event_time_max)
+        self.seen.prune(report.event_time_max)
         write_json(self.dir / "meta.json", self._meta())
         try:
             self.source.commit(kafka_offsets(self.pos))
@@ -280,12 +281,6 @@ class TrainerDaemon:
             f"trainer: block {report.index} {'accepted' if report.decision.accepted else 'refused'}; "
             f"champion {self.trainer.champion_version}; {self.counters['examples']} examples"
         )
-
-    def _prune_seen(self, newest_ts: int) -> None:
-        """Forget ids far older than anything a joiner replay can re-send (the joiner's own horizon)."""
-        j = self.cfg.joiner
-        horizon = newest_ts - int(2 * (j.attribution_window_s + j.dedup_horizon_s) * 1000)
-        self.seen = {k: ts for k, ts in self.seen.items() if ts >= horizon}
 
     # -- metrics ---------------------------------------------------------------------------------
     def _block_metrics(self, report: Any) -> None:

@@ -17,6 +17,9 @@ Rules (../shared/DESIGN.md, "Attribution"):
   ids are remembered ``dedup_horizon_s`` past their window.
 - A click arriving after its impression was finalised as a negative is a late click (counted, not
   attributed: the example already went out).
+- Conversions (``conversion_window_s > 0``; :mod:`pipeline.join.conversions`): a clicked
+  impression is held until its click's conversion window closes and then emitted a second time, as
+  a correction carrying its final conversion label.
 
 Features are point-in-time: the streaming features of an impression are looked up *before* that
 impression updates them, kept with the pending impression, and attached to its example. Only
@@ -42,7 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipeline.core.config import JoinerConfig
-from pipeline.core.events import Click, Impression, LabelledExample
+from pipeline.core.events import Click, Conversion, Impression, LabelledExample
+from pipeline.join.conversions import ConversionJoin
 from pipeline.join.joiner_checkpoints import JoinerCheckpoints, _Pending
 from pipeline.join.stats import JoinStats, Rejection
 
@@ -60,7 +64,7 @@ class FeatureTracker(Protocol):
 
 
 @dataclass
-class Joiner(JoinerCheckpoints):
+class Joiner(JoinerCheckpoints, ConversionJoin):
     """Stateful event-time join of impressions and clicks; see the module docstring for the rules."""
 
     cfg: JoinerConfig
@@ -73,8 +77,10 @@ class Joiner(JoinerCheckpoints):
         self._lag = int(self.cfg.watermark_lag_s * 1000)
         self._hold = int(self.cfg.early_click_hold_s * 1000)
         self._horizon = int(self.cfg.dedup_horizon_s * 1000)
+        self._conv_window = int(self.cfg.conversion_window_s * 1000)
         self._pending: dict[str, _Pending] = {}
         self._pending_heap: list[tuple[int, str]] = []  # (window end, impression id)
+        self._converting_heap: list[tuple[int, str]] = []  # (conversion window end, impression id)
         self._early: dict[str, Click] = {}
         self._early_heap: list[tuple[int, str]] = []  # (hold end, impression id)
         self._done: dict[str, int] = {}  # finalised impression id -> forget-after ts
@@ -92,7 +98,7 @@ class Joiner(JoinerCheckpoints):
         return self.max_ts - self._lag
 
     # -- input -----------------------------------------------------------------------------------
-    def process(self, event: Impression | Click) -> None:
+    def process(self, event: Impression | Click | Conversion) -> None:
         """Take one validated event. Call :meth:`advance` after a batch to finalise negatives.
 
         A newer event time moves the watermark first: everything it passes is finalised (and
@@ -104,14 +110,17 @@ class Joiner(JoinerCheckpoints):
             self.max_ts = ts
             wm = ts - self._lag  # advance(), when something is due (most events find nothing)
             p, e, d = self._pending_heap, self._early_heap, self._done_heap
-            if (p and p[0][0] < wm) or (e and e[0][0] < wm) or (d and d[0][0] < wm):
+            c = self._converting_heap
+            if (p and p[0][0] < wm) or (e and e[0][0] < wm) or (d and d[0][0] < wm) or (c and c[0][0] < wm):
                 self.advance(wm)
         if isinstance(event, Impression):
             self._impression(event)
-        else:
+        elif isinstance(event, Click):
             self._click(event)
+        else:
+            self._conversion(event)
 
-    def process_all(self, events: Iterable[Impression | Click]) -> None:
+    def process_all(self, events: Iterable[Impression | Click | Conversion]) -> None:
         for event in events:
             self.process(event)
         self.advance()
@@ -195,6 +204,7 @@ class Joiner(JoinerCheckpoints):
                 self._emit(pending, 0, end)
             else:
                 self._emit(pending, 1, pending.click_ts)
+        self._close_conversion_windows(wm)
         heap = self._early_heap
         while heap and heap[0][0] < wm:
             end, iid = heapq.heappop(heap)
@@ -226,13 +236,23 @@ class Joiner(JoinerCheckpoints):
     def _emit(self, pending: _Pending, label: int, label_ts: int) -> None:
         imp = pending.impression
         iid = imp.impression_id
-        del self._pending[iid]
-        forget_at = imp.ts + self._window + self._horizon
-        self._done[iid] = -forget_at if label else forget_at  # sign remembers the label
-        heapq.heappush(self._done_heap, (forget_at, iid))
-        self._out.append(LabelledExample(imp, label, label_ts, pending.features))
         self.stats.examples += 1
         self.stats.positives += label
+        if not self._conv_window:
+            self._out.append(LabelledExample(imp, label, label_ts, pending.features))
+        elif label:  # its conversion label is not final yet: held for its correction, which gets
+            # the features as they are now (downstream stages add to an example's dict in place)
+            self._out.append(LabelledExample(imp, 1, label_ts, dict(pending.features), None))
+            heapq.heappush(self._converting_heap, (self.conversion_end(imp.ts, label_ts), iid))
+            return
+        else:  # never clicked: cannot convert
+            self._out.append(LabelledExample(imp, 0, label_ts, pending.features, 0))
+        self._forget_later(iid, imp.ts + self._window + self._horizon, label)
+
+    def _forget_later(self, iid: str, forget_at: int, label: int) -> None:
+        del self._pending[iid]
+        self._done[iid] = -forget_at if label else forget_at  # sign remembers the label
+        heapq.heappush(self._done_heap, (forget_at, iid))
 
     # -- output ----------------------------------------------------------------------------------
     def drain(self) -> list[LabelledExample]:

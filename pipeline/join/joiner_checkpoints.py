@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ class _Pending:
     impression: Impression
     features: dict[str, Any]  # floats, and lists for behaviour sequences
     click_ts: int | None = None  # event time of the attributed click, if any
+    conversion: list[Any] | None = None  # [ts, value] of the attributed conversion, if any
     as_dict: dict[str, Any] | None = None  # impression.to_dict(), kept: every checkpoint writes it
     entry: bytes | None = None  # its changelog entry (Joiner.entries), kept until the click changes it
 
@@ -44,12 +46,17 @@ class JoinerCheckpoints:
     _rejected: list[Rejection]
     _window: int
     _hold: int
+    _lag: int
+    _conv_window: int
+    _converting_heap: list[tuple[int, str]]
+
+    conversion_end: Callable[[int, int], int]  # ConversionJoin's
 
     def to_state(self) -> dict[str, Any]:
         """JSON-serialisable state; undrained output must be drained (and made durable) first."""
         return {
             **self.header(),
-            "pending": [[_as_dict(p), p.features, p.click_ts] for p in self._pending.values()],
+            "pending": [_pending_fields(p) for p in self._pending.values()],
             "early": [c.to_dict() for c in self._early.values()],
             "done": self._done,
         }
@@ -79,8 +86,9 @@ class JoinerCheckpoints:
 
     def entries(self, user: str) -> list[bytes]:
         """What the joiner holds of ``user``'s impressions, as JSON changelog entries: ``["p",
-        impression, features, click_ts]`` pending, ``["e", click]`` an early click waiting,
-        ``["d", impression_id, forget_at]`` finalised (forget_at negative for a positive).
+        impression, features, click_ts]`` pending (and ``[ts, value]`` of its conversion, if one
+        was attributed), ``["e", click]`` an early click waiting, ``["d", impression_id, forget_at]``
+        finalised (forget_at negative for a positive).
 
         A pending entry stays as written after its window closes and a finalised one after its
         horizon passes: the header's watermark says which
@@ -94,7 +102,7 @@ class JoinerCheckpoints:
             pending = self._pending.get(iid)
             if pending is not None and pending.impression.user_id == user:
                 if pending.entry is None:
-                    entry = ["p", _as_dict(pending), pending.features, pending.click_ts]
+                    entry = ["p", *_pending_fields(pending)]
                     pending.entry = json.dumps(entry, separators=(",", ":")).encode()
                 out.append(pending.entry)
                 continue
@@ -117,11 +125,19 @@ class JoinerCheckpoints:
         self.stats = JoinStats(**state["stats"])
         self._pending.clear()
         self._pending_heap.clear()
-        for imp_d, feats, click_ts in state["pending"]:
+        self._converting_heap.clear()
+        wm = self.max_ts - self._lag
+        for imp_d, feats, click_ts, *conversion in state["pending"]:
             imp = Impression.from_dict(imp_d)
-            self._pending[imp.impression_id] = _Pending(imp, feats, click_ts)
-            self._pending_heap.append((imp.ts + self._window, imp.impression_id))
+            iid = imp.impression_id
+            self._pending[iid] = _Pending(imp, feats, click_ts, conversion[0] if conversion else None)
+            end = imp.ts + self._window
+            if self._conv_window and click_ts is not None and end < wm:  # held for its correction
+                self._converting_heap.append((self.conversion_end(imp.ts, click_ts), iid))
+            else:
+                self._pending_heap.append((end, iid))
         heapq.heapify(self._pending_heap)
+        heapq.heapify(self._converting_heap)
         self._early = {c["impression_id"]: Click(**c) for c in state["early"]}
         self._early_heap = [(c.ts + self._hold, iid) for iid, c in self._early.items()]
         heapq.heapify(self._early_heap)
@@ -129,6 +145,12 @@ class JoinerCheckpoints:
         self._loaded_owners = dict(state.get("owners", {}))  # for track_changes
         self._done_heap = [(abs(v), iid) for iid, v in self._done.items()]
         heapq.heapify(self._done_heap)
+
+
+def _pending_fields(pending: _Pending) -> list[Any]:
+    """A held impression as checkpointed: impression, features, click ts (and conversion, if any)."""
+    fields = [_as_dict(pending), pending.features, pending.click_ts]
+    return fields if pending.conversion is None else [*fields, pending.conversion]
 
 
 def _as_dict(pending: _Pending) -> dict[str, Any]:

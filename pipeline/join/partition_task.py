@@ -1,16 +1,19 @@
-"""The joiner's unit of work and of scale-out: one partition number of both input topics.
+"""The joiner's unit of work and of scale-out: one partition number of the input topics.
 
-Impressions and clicks are keyed by user id and both topics have the same partition count, so
-partition ``p`` of ``impressions`` and partition ``p`` of ``clicks`` hold every event of the same
-users. A :class:`PartitionTask` owns that pair: its own :class:`~pipeline.join.joiner.Joiner`, its own
+Impressions, clicks and conversions are keyed by user id and the topics have the same partition
+count, so partition ``p`` of ``impressions``, of ``clicks`` (and of ``conversions``, when
+``joiner.conversion_window_s > 0``) holds every event of the same users. A :class:`PartitionTask`
+owns that partition number: its own :class:`~pipeline.join.joiner.Joiner`, its own
 :class:`~features.aggregations.StreamingFeatures`, its own watermark, and a checkpoint of its own.
 Two joiner processes in one consumer group therefore compute exactly what one computes: a task
 moves between processes with its checkpoint, never split.
 
-Determinism: the two streams are merged by a two-way merge on event time, taking from a stream only
-while the other has a buffered head (or is idle past ``idle_s``), so the merged order depends on each
-partition's order (which Kafka fixes), not on how fetches interleave. A replay from a checkpoint
-therefore re-emits byte-identical examples, and downstream dedup by example id makes it harmless.
+Determinism: the streams are merged on event time, taking from a stream only while every other
+has a buffered head (or is idle past ``idle_s``), so the merged order depends on each partition's
+order (which Kafka fixes), not on how fetches interleave; equal times go impression, click,
+conversion. Without conversion joining, a conversion offered is only counted
+(``ignored_conversions``). A replay from a checkpoint therefore re-emits byte-identical examples,
+and downstream dedup by example id makes it harmless.
 
 A task keeps its users' statistics, which are complete (a user lives in one partition). Item
 statistics are not counted here: a task sees 1/P of an item's traffic. They are the item stage's
@@ -27,10 +30,10 @@ from typing import Any
 
 from features.aggregations import StreamingFeatures
 from pipeline.core.config import Config
-from pipeline.core.events import Click, Impression, LabelledExample
+from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.joiner import Joiner
 
-__all__ = ["PartitionTask", "UserFeatures"]
+__all__ = ["PartitionTask", "UserFeatures", "stream_kinds"]
 
 
 @dataclass
@@ -49,7 +52,7 @@ class UserFeatures:
         self.inner.record_user(user_id, ts_ms, click=True, item_id=item_id)  # item: the sequence
 
 
-Event = Impression | Click
+Event = Impression | Click | Conversion
 
 
 @dataclass
@@ -68,7 +71,7 @@ class PartitionTask:
         self.idle_s = idle_s
         self.features = StreamingFeatures(cfg.features)
         self.joiner = Joiner(cfg.joiner, UserFeatures(self.features))
-        self.streams = {"impression": _Stream(), "click": _Stream()}
+        self.streams = {kind: _Stream() for kind in stream_kinds(cfg)}
 
     # -- input -----------------------------------------------------------------------------------
     def offer(self, kind: str, offset: int, event: Event | None) -> None:
@@ -77,7 +80,11 @@ class PartitionTask:
         An offset offered before (a consumer rewound after a rebalance) is dropped, so the task
         never processes an event twice.
         """
-        s = self.streams[kind]
+        s = self.streams.get(kind)
+        if s is None:  # a conversion, not joined (stream_kinds): counted
+            if event is not None:
+                self.joiner.process(event)
+            return
         if offset < s.offered_upto:
             return
         s.offered_upto = offset + 1
@@ -89,26 +96,29 @@ class PartitionTask:
     def run(self, now: float | None = None, at_end: Callable[[str], bool] | None = None) -> None:
         """Merge and process what can be processed deterministically; then advance the watermark.
 
-        One stream may run ahead alone only when the other is *idle*: silent for ``idle_s`` and,
-        if ``at_end`` is given, read up to the end of its partition (a backlog the consumer has not
-        fetched yet is not idleness; waiting for it keeps replays identical).
+        A stream may run ahead only while every other stream without a buffered event is *idle*:
+        silent for ``idle_s`` and, if ``at_end`` is given, read up to the end of its partition (a
+        backlog the consumer has not fetched yet is not idleness; waiting for it keeps replays
+        identical).
         """
         now = time.monotonic() if now is None else now
-        imps, clicks = self.streams["impression"], self.streams["click"]
+        streams = list(self.streams.items())
 
         def idle(kind: str) -> bool:
             s = self.streams[kind]
             return now - s.last_arrival >= self.idle_s and (at_end is None or at_end(kind))
 
-        while imps.buffer or clicks.buffer:
-            if imps.buffer and clicks.buffer:
-                take = imps if _ts(imps.buffer[0][1]) <= _ts(clicks.buffer[0][1]) else clicks
-            elif imps.buffer and idle("click"):
-                take = imps
-            elif clicks.buffer and idle("impression"):
-                take = clicks
-            else:
-                break  # wait for the other stream: taking now would depend on fetch timing
+        while True:
+            take: _Stream | None = None
+            for kind, s in streams:
+                if s.buffer:
+                    if take is None or _ts(s.buffer[0][1]) < _ts(take.buffer[0][1]):
+                        take = s  # ties: the first kind in stream order
+                elif not idle(kind):
+                    take = None
+                    break  # wait for it: taking now would depend on fetch timing
+            if take is None:
+                break
             offset, event = take.buffer.popleft()
             take.next_offset = offset + 1
             if event is not _SKIP:
@@ -141,7 +151,14 @@ class PartitionTask:
         self.joiner = Joiner(cfg.joiner, UserFeatures(self.features))
         self.joiner.load_state(state["joiner"])
         for kind, offset in state["next_offsets"].items():
-            self.streams[kind] = _Stream(next_offset=offset, offered_upto=offset)
+            if kind in self.streams:  # a conversions offset, conversions no longer joined: unused
+                self.streams[kind] = _Stream(next_offset=offset, offered_upto=offset)
+
+
+def stream_kinds(cfg: Config) -> tuple[str, ...]:
+    """The input streams a task merges: conversions only when they are joined."""
+    kinds = ("impression", "click")
+    return (*kinds, "conversion") if cfg.joiner.conversion_window_s > 0 else kinds
 
 
 class _Skip:

@@ -24,7 +24,7 @@ from typing import Protocol
 from features.aggregations import FeatureRow
 from pipeline.core.config import Config
 from pipeline.core.entered_time import EnteredTime
-from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.events import DeadLetter, LabelledExample, kind_of
 from pipeline.core.partitioning import KeyHashes
 from pipeline.core.types import Clock, RawEvent
 from pipeline.core.validation import Validator
@@ -56,7 +56,7 @@ class PartitionedJoin:
         self.merge = ExampleMerge(n)
         self.sink = dead_letters
         self.dead_letters = 0
-        self._next = {(kind, p): 0 for kind in ("impression", "click") for p in range(n)}
+        self._next = {(kind, p): 0 for kind in ("impression", "click", "conversion") for p in range(n)}
 
     def step(self, batch: Sequence[RawEvent]) -> list[LabelledExample]:
         """Route, validate and join one batch; the examples whose merged place is final."""
@@ -106,7 +106,7 @@ class PartitionedJoin:
     def _drain(self, task: PartitionTask) -> None:
         self.merge.offer(task.partition, task.drain())
         for rej in task.joiner.drain_rejected():
-            raw = RawEvent("click", rej.click.to_dict(), "joiner", task.partition)
+            raw = RawEvent(kind_of(rej.event), rej.event.to_dict(), "joiner", task.partition)
             self._dead(self.validator.dead_letter(raw, rej.reason, rej.detail))
 
     def _dead(self, letter: DeadLetter) -> None:

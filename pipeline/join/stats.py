@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pipeline.core.events import Click
+from pipeline.core.events import Click, Conversion
 
 __all__ = ["JoinStats", "Rejection", "click_outcomes"]
 
@@ -25,6 +25,15 @@ class JoinStats:
     late_clicks: int = 0  # came after the impression's window: not attributed
     early_clicks: int = 0  # came before their impression and waited for it
     orphan_clicks: int = 0  # their impression never came within the hold time
+    # conversions (joiner.conversion_window_s > 0; else every one is ignored_conversions)
+    conversions: int = 0  # conversion events taken
+    converted: int = 0  # attributed to a clicked impression: corrections with conversion 1
+    corrections: int = 0  # correction examples emitted (one per clicked impression)
+    duplicate_conversions: int = 0  # a second conversion for one impression
+    late_conversions: int = 0  # came after the conversion window of the impression's click
+    unclicked_conversions: int = 0  # their impression had no attributed click (yet): post-view
+    orphan_conversions: int = 0  # their impression unknown here: dead letters
+    ignored_conversions: int = 0  # conversions not joined (joiner.conversion_window_s = 0)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -48,8 +57,8 @@ def click_outcomes(stats: Iterable[JoinStats]) -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A click the joiner refused for a reason that makes it a dead letter."""
+    """A click or conversion the joiner refused for a reason that makes it a dead letter."""
 
-    click: Click
+    event: Click | Conversion
     reason: str
     detail: str

@@ -88,6 +88,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
     header = json.loads(raw_header)
     window, horizon = int(cfg.attribution_window_s * 1000), int(cfg.dedup_horizon_s * 1000)
     hold = int(cfg.early_click_hold_s * 1000)
+    conv_window = int(cfg.conversion_window_s * 1000)
     wm = header["joiner"]["max_ts"] - int(cfg.watermark_lag_s * 1000)  # what advance() last used
     pending: list[Any] = []
     early: list[Any] = []
@@ -112,10 +113,12 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
             sequences[ident] = value["s"]
         for entry in value["j"]:
             if entry[0] == "p":
-                imp, feats, click_ts = entry[1:]
+                imp, click_ts = entry[1], entry[3]
                 end = imp["ts"] + window
+                if conv_window and click_ts is not None:  # held for its correction (ConversionJoin)
+                    end = max(end, click_ts + conv_window)
                 if end >= wm:
-                    pending.append([imp, feats, click_ts])
+                    pending.append(entry[1:])
                     continue
                 iid, forget_at = imp["impression_id"], end + horizon  # finalised since (Joiner._emit)
                 entry = ["d", iid, -forget_at if click_ts is not None else forget_at]

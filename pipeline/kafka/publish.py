@@ -1,8 +1,9 @@
 """``ctr produce``: the simulator or a log onto the event topics, at a fixed rate or as fast as possible.
 
-Impressions go to ``impressions_topic`` and clicks to ``clicks_topic`` as JSON, keyed by ``user_id``
-(the same key and partition count put a user's impressions and clicks on the same partition number,
-which the joiner relies on), through one :class:`~pipeline.kafka.client.KafkaSink`.
+Impressions go to ``impressions_topic``, clicks to ``clicks_topic`` and conversions to
+``conversions_topic`` as JSON, keyed by ``user_id`` (the same key and partition count put a user's
+events on the same partition number, which the joiner relies on), through one
+:class:`~pipeline.kafka.client.KafkaSink`.
 
 Each record's timestamp (CreateTime) is the event's entry time as a replay judges it
 (:class:`~pipeline.core.entered_time.EnteredTime`: its event time unless it is an outlier among its
@@ -76,6 +77,7 @@ def _publish(
     progress: bool = False,
 ) -> dict[str, int]:
     topics = {"impression": cfg.impressions_topic, "click": cfg.clicks_topic}
+    topics["conversion"] = cfg.conversions_topic
     counts = dict.fromkeys(topics, 0)
     limiter = RateLimiter(rate) if rate else None
     if progress:  # a bar on stderr (events sent, rate): long replays show they are moving

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.sources.simulator import Simulator
 
         k = cfg.kafka
-        ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
+        ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.conversions_topic], k.partitions)
         events = Simulator(cfg.simulator, args.seed).stream(args.impressions)
         counts = publish_stream(k, events, args.rate, progress=True, validation=cfg.validation)
         print(json.dumps(counts))

@@ -28,15 +28,28 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import JsonlConfig
-from pipeline.core.events import Click, Impression
+from pipeline.core.events import Click, Conversion, Impression
 from pipeline.core.types import EventKind
 
-__all__ = ["FIELDS", "KINDS", "TAG", "JsonlMapping", "write_jsonl"]
+__all__ = ["FIELDS", "KINDS", "TAG", "JsonlMapping", "untagged_kind", "write_jsonl"]
 
 TAG = "type"  # the canonical name of the type tag of a JSONL line
-KINDS: tuple[EventKind, ...] = ("impression", "click")
+KINDS: tuple[EventKind, ...] = ("impression", "click", "conversion")
 # The schema's field names, from the event classes themselves (one definition of the schema).
-FIELDS = tuple(dict.fromkeys(f.name for cls in (Impression, Click) for f in dataclasses.fields(cls)))
+FIELDS = tuple(
+    dict.fromkeys(f.name for cls in (Impression, Click, Conversion) for f in dataclasses.fields(cls))
+)
+
+
+def untagged_kind(obj: Mapping[str, Any]) -> EventKind:
+    """The kind of an event without a type tag, by its id field.
+
+    >>> untagged_kind({"conversion_id": "v1"}), untagged_kind({"click_id": "c1"}), untagged_kind({})
+    ('conversion', 'click', 'impression')
+    """
+    if "conversion_id" in obj:
+        return "conversion"
+    return "click" if "click_id" in obj else "impression"
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,7 @@ class JsonlMapping:
             if canonical == TAG:
                 tags.insert(len(tags) - 1, raw)  # a named tag is tried before the canonical one
             elif canonical in KINDS:
-                kinds[raw] = "impression" if canonical == "impression" else "click"
+                kinds[raw] = next(k for k in KINDS if k == canonical)
             elif canonical in FIELDS:
                 fields[raw] = canonical
             else:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.jsonl_mapping import KINDS, untagged_kind
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read, _ts_of
 
 __all__ = ["ParquetSource", "write_parquet"]
@@ -81,9 +82,7 @@ def _parquet_event(rec: Mapping[str, Any]) -> tuple[EventKind, dict[str, Any]]:
                 v = {k: x for k, x in v.items() if x is not None}
         out[key] = v
     tag = rec.get("type")
-    kind: EventKind = (
-        "click" if tag == "click" or (tag != "impression" and "click_id" in out) else "impression"
-    )
+    kind = next((k for k in KINDS if k == tag), None) or untagged_kind(out)
     return kind, out
 
 
@@ -98,6 +97,7 @@ def write_parquet(stream: Iterable[tuple[EventKind, Mapping[str, Any]]], path: s
             ("type", pa.string()),
             ("impression_id", pa.string()),
             ("click_id", pa.string()),
+            ("conversion_id", pa.string()),
             ("ts", pa.int64()),
             ("user_id", pa.string()),
             ("item_id", pa.string()),
@@ -105,6 +105,7 @@ def write_parquet(stream: Iterable[tuple[EventKind, Mapping[str, Any]]], path: s
             ("dense", pa.map_(pa.string(), pa.float64())),
             ("model_version", pa.string()),
             ("score", pa.float64()),
+            ("value", pa.float64()),
         ]
     )
     cols = {name: [r.get(name) for r in rows] for name in schema.names}

@@ -23,11 +23,10 @@ from typing import Any, Protocol
 
 from pipeline.core.types import EventKind, ManualClock, RawEvent
 from pipeline.sources.files import open_binary
-from pipeline.sources.jsonl_mapping import JsonlMapping
+from pipeline.sources.jsonl_mapping import KINDS, JsonlMapping, untagged_kind
 
 __all__ = ["JsonlSource", "MergedJsonlSource", "SeededStream", "SimulatorSource"]
 
-_KINDS = ("impression", "click")
 # A timestamp this far past its batch's median does not move the clock, so one corrupt event (say
 # in microseconds) cannot throw event time years ahead; a day still spans any real batch.
 _MAX_CLOCK_JUMP_MS = 86_400_000
@@ -146,12 +145,12 @@ class JsonlSource(_BatchingSource):
     """Replays JSONL files (one event per line, tagged ``"type"``) in order; resumes by byte offset.
 
     A tagged line becomes a mapping without its ``"type"``. Any other line stays raw bytes for the
-    validator to judge: kind ``kind`` if given (a file of one kind), else ``"click"`` if it is an
-    object with a ``click_id``, else ``"impression"``. So a line that is too long, not JSON or
-    wrongly tagged becomes a dead letter with a reason, and an untagged but well-formed event is
-    accepted. ``mapping`` renames tag, tag values and fields first (:mod:`pipeline.sources.jsonl_mapping`;
-    a renamed line is passed on as a mapping). ``partition`` is the file's index in ``paths`` and
-    ``offset`` the line number.
+    validator to judge: kind ``kind`` if given (a file of one kind), else ``"conversion"`` if it is
+    an object with a ``conversion_id``, ``"click"`` with a ``click_id``, else ``"impression"``. So
+    a line that is too long, not JSON or wrongly tagged becomes a dead letter with a reason, and an
+    untagged but well-formed event is accepted. ``mapping`` renames tag, tag values and fields first
+    (:mod:`pipeline.sources.jsonl_mapping`; a renamed line is passed on as a mapping). ``partition``
+    is the file's index in ``paths`` and ``offset`` the line number.
     """
 
     name = "jsonl"
@@ -207,15 +206,15 @@ class JsonlSource(_BatchingSource):
             return self.kind or "impression", line, None
         if self.mapping is None:  # the canonical schema: no renames
             kind = obj.get("type")
-            if kind in _KINDS:
+            if kind in KINDS:
                 del obj["type"]
                 return kind, obj, obj
-            return self.kind or ("click" if "click_id" in obj else "impression"), line, obj
+            return self.kind or untagged_kind(obj), line, obj
         kind, mapped = self.mapping.apply(obj)
         if kind is not None:
             return kind, mapped, mapped
         # untagged (or tagged with a value not mapped): the validator says why, if anything is wrong
-        return self.kind or ("click" if "click_id" in mapped else "impression"), mapped, mapped
+        return self.kind or untagged_kind(mapped), mapped, mapped
 
     def _read(self) -> _Read:
         start = self._pos
