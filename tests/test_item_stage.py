@@ -111,3 +111,30 @@ def test_examples_carry_the_item_values_serving_read_before_the_impression(tmp_p
     for ex in examples:
         assert item_features([ex])[ex.example_id] == served[ex.example_id], ex.example_id
     assert max(ex.stream_features["item_clicks_1h"] for ex in examples) >= 5  # the values moved
+
+
+def test_a_correction_gets_its_first_emissions_item_features_and_counts_nothing() -> None:
+    cfg = Config()
+    cfg.joiner.conversion_window_s = 3_600.0
+    d = delay_ms(cfg)
+
+    def ex(i: str, ts: int, label: int, **kw: object) -> LabelledExample:
+        return LabelledExample(Impression(i, T0 + ts, "u", "ad-1"), label, T0 + ts, {}, **kw)  # type: ignore[arg-type]
+
+    def seen(examples: list[LabelledExample]) -> list[float]:
+        return [e.stream_features["item_impressions_1h"] for e in examples]
+
+    stage = ItemStage.of(cfg)
+    assert seen(stage.attach([ex("a", 0, 1), ex("b", 1_000, 0, conversion=0), ex("c", d + 5_000, 1)])) == [
+        0.0,
+        0.0,
+        2.0,  # a and b
+    ]
+    state = json.loads(json.dumps(stage.to_state()))  # held across a checkpoint
+    stage = ItemStage.from_state(state, cfg.features, d, corrections=True)
+    assert seen(stage.attach([ex("z", 2 * d + 10_000, 0, conversion=0)])) == [3.0]  # a, b, c
+    assert seen(stage.attach([ex("c", d + 5_000, 1, conversion=1, correction=True)])) == [2.0]  # as c was
+    assert seen(stage.attach([ex("y", 3 * d + 20_000, 0, conversion=0)])) == [
+        4.0
+    ]  # the correction: not counted
+    assert list(stage.to_state()["to_correct"]) == ["a"]  # c's entry went with its correction

@@ -223,6 +223,17 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             "trainer.model = 'din' attends over the users' behaviour sequences, which are off: set "
             "features.sequence_length (e.g. 50; CTR_FEATURES_SEQUENCE_LENGTH) or choose another model"
         )
+    joiner = sections.get("joiner")
+    if (
+        trainer is not None
+        and joiner is not None
+        and trainer.model == "esmm"
+        and not joiner.conversion_window_s
+    ):
+        errors.append(
+            "trainer.model = 'esmm' learns conversions, which are not joined: set "
+            "joiner.conversion_window_s (e.g. 86400; CTR_JOINER_CONVERSION_WINDOW_S) or choose another model"
+        )
     if errors:
         head = "" if len(errors) == 1 else f"{len(errors)} config errors:\n  "
         raise ConfigError(head + "\n  ".join(errors))

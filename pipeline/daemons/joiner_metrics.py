@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from pipeline.core.metrics import Registry, export_consumer_state
-from pipeline.join.stats import click_outcomes
+from pipeline.join.stats import click_outcomes, conversion_outcomes
 
 __all__ = ["CHECKPOINT_BUCKETS_S", "JoinerMetrics"]
 
@@ -48,7 +48,7 @@ class JoinerMetrics:
     def collect(self) -> None:
         """Scrape time (metrics thread): read the counters and the lag the last checkpoint measured."""
         m, c, d = self.registry, self.daemon.counters, self.daemon
-        m.counter("ctr_joiner_events_total", "raw impressions and clicks read").set(c["events"])
+        m.counter("ctr_joiner_events_total", "raw impressions, clicks and conversions read").set(c["events"])
         m.counter("ctr_joiner_examples_total", "labelled examples produced").set(c["examples"])
         m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
             c["checkpoints"]
@@ -62,8 +62,18 @@ class JoinerMetrics:
         for what, n in list(d.outages.items()):
             m.counter("ctr_joiner_outages_total", "writes that failed and forced a replay", error=what).set(n)
         export_consumer_state(m, "joiner", self.lag, d.dead_reasons)
-        for outcome, n in click_outcomes([t.joiner.stats for t in list(d.tasks.values())]).items():
+        stats = [t.joiner.stats for t in list(d.tasks.values())]
+        for outcome, n in click_outcomes(stats).items():
             m.counter(
                 "ctr_joiner_clicks_total", "clicks read, by what the join made of them", outcome=outcome
             ).set(n)
+        for outcome, n in conversion_outcomes(stats).items():
+            m.counter(
+                "ctr_joiner_conversions_total",
+                "conversions read, by what the join made of them",
+                outcome=outcome,
+            ).set(n)
+        m.counter(
+            "ctr_joiner_corrections_total", "clicked examples re-emitted with their conversion label"
+        ).set(sum(s.corrections for s in stats))
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(d.tasks))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pipeline.core.events import Click, Conversion
 
-__all__ = ["JoinStats", "Rejection", "click_outcomes"]
+__all__ = ["JoinStats", "Rejection", "click_outcomes", "conversion_outcomes"]
 
 
 @dataclass
@@ -52,6 +52,18 @@ def click_outcomes(stats: Iterable[JoinStats]) -> dict[str, int]:
         out["early"] += s.early_clicks
         out["orphan"] += s.orphan_clicks
         out["duplicate"] += s.duplicate_clicks
+    return out
+
+
+def conversion_outcomes(stats: Iterable[JoinStats]) -> dict[str, int]:
+    """Conversions by what the join made of them, summed over partitions; ``attributed`` ones made
+    a correction with conversion 1 or are held for one (``pending``)."""
+    names = ("attributed", "duplicate", "late", "unclicked", "orphan", "ignored")
+    out = dict.fromkeys(names, 0)
+    for s in stats:
+        for name in names[1:]:
+            out[name] += getattr(s, f"{name}_conversions")
+        out["attributed"] += s.conversions - sum(getattr(s, f"{n}_conversions") for n in names[1:])
     return out
 
 

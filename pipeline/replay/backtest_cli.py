@@ -47,6 +47,13 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
             f"{cfg.features.sequence_length} for this backtest (set it in the config to choose)",
             file=sys.stderr,
         )
+    if cfg.trainer.model == "esmm" and not cfg.joiner.conversion_window_s:
+        cfg.joiner.conversion_window_s = 86_400.0
+        print(
+            "ctr: --model esmm learns conversions: joiner.conversion_window_s set to 86400 for this "
+            "backtest (set it in the config to choose)",
+            file=sys.stderr,
+        )
     if args.attribution_window is not None:
         cfg.joiner.attribution_window_s = args.attribution_window
     sim = args.format == "simulator"
