@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.checks import check_source
 from pipeline.core.config import ValidationConfig
-from pipeline.core.events import Click, Impression
+from pipeline.core.events import Click, Conversion, Impression
 from pipeline.core.types import ManualClock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.ops.cli import main
@@ -23,7 +23,7 @@ from pipeline.sources.worlds import WORLDS, open_world
 from pipeline.sources.worlds.lifecycle import LifecycleWorld
 from pipeline.sources.worlds.shifts import ShiftsWorld
 
-NEW = ("lifecycle", "shifts")
+NEW = ("lifecycle", "lifecycle-cv", "shifts")
 Events = list[tuple[str, dict[str, Any]]]
 
 
@@ -56,13 +56,14 @@ def test_events_are_valid_and_in_arrival_order(name: str) -> None:
     last = 0
     for kind, e in evs:
         out = v.validate(RawEvent(kind, json.dumps(e).encode(), "test", entered_ms=e["ts"]))
-        assert isinstance(out, Impression if kind == "impression" else Click), out
+        expected = {"impression": Impression, "click": Click, "conversion": Conversion}[kind]
+        assert isinstance(out, expected), out
         assert e["ts"] >= last  # delivered in event-time order
         last = e["ts"]
         if kind == "impression":
             seen[e["impression_id"]] = e["ts"]
         else:
-            assert e["ts"] > seen[e["impression_id"]]  # a click follows its impression
+            assert e["ts"] > seen[e["impression_id"]]  # a click (or conversion) follows its impression
     assert len(seen) == 20_000 and v.rejected == {}
 
 

@@ -12,6 +12,8 @@ within 600k impressions (measured; the oracle AUC of the hidden model is ~0.90).
 Impressions arrive as a Poisson process; each click comes after a lognormal delay. The stream is in
 *arrival* order: events are delivered at their ``ts`` except for duplicates (re-sent a little later)
 and skewed impressions (delivered just after their quick click, i.e. the click arrives first).
+Conversions (``conversion_rate`` > 0) follow some clicks, with a hidden logit ``c0 + 0.8 * quality[item]
++ device effect + 0.5 * interest · topic``, drawn apart from clicks (:mod:`pipeline.sources.conversions`).
 
 Everything is drawn in fixed chunks of :data:`CHUNK` impressions from per-chunk generators, so the
 first ``n`` impressions are the same whatever ``n`` a call asks for.
@@ -33,6 +35,7 @@ import numpy as np
 
 from pipeline.core.config import SimulatorConfig
 from pipeline.core.types import EventKind
+from pipeline.sources.conversions import ConversionModel, ConversionSpec, conversion_event, sigmoid
 
 __all__ = ["CHUNK", "Simulator"]
 
@@ -46,7 +49,7 @@ _HOURS = tuple(f"{h:02d}" for h in range(24))
 _SLOT_EFFECT = np.array([0.5, 0.1, -0.2, -0.5, -0.8])  # top slots are seen, so clicked, more
 _SLOT_P = np.array([0.3, 0.25, 0.2, 0.15, 0.1])
 _DEVICE_P = np.array([0.6, 0.25, 0.12, 0.03])
-_COLS = ("deliv", "order", "kind", "idx", "ts", "user", "item", "dev", "cat", "slot", "bid")
+_COLS = ("deliv", "order", "kind", "idx", "ts", "user", "item", "dev", "cat", "slot", "bid", "value")
 
 
 def _zipf_cdf(n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
@@ -113,12 +116,13 @@ class Simulator:
         self.hour_effect = 0.2 * np.sin(2 * np.pi * (np.arange(24) - first_hour - 2) / 24)
         self.user_ids = [f"user-{i}" for i in range(cfg.users)]
         self.item_ids = [f"item-{i}" for i in range(cfg.items)]
+        self.conv = ConversionModel(ConversionSpec.of(cfg), seed, cfg.items, [-0.3, 0.4, 0.1, -0.6])
         self.b0 = self._calibrate(np.random.default_rng([seed, 3]))
         self._probe = _Drift(cfg, seed)
 
     # -- the hidden model ------------------------------------------------------------------------
-    def _logit(self, drift: _Drift, step: np.ndarray, ctx: tuple[np.ndarray, ...]) -> np.ndarray:
-        """Logit without intercept for impressions at drift ``step``s (non-decreasing) in ``ctx``."""
+    def _logit(self, drift: _Drift, step: np.ndarray, ctx: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """Logit without intercept at drift ``step``s (non-decreasing) for ``ctx``; its interest term."""
         users, items, dev, cat, slot, hour = ctx
         u, pop = np.empty((len(users), self.cfg.topics)), np.empty(len(users))
         for s in range(int(step[0]), int(step[-1]) + 1):  # a few steps per chunk
@@ -136,17 +140,18 @@ class Simulator:
             + match
             + _SLOT_EFFECT[slot]
             + self.hour_effect[hour]
-        )
+        ), affinity
 
     def _calibrate(self, rng: np.random.Generator, n: int = 100_000) -> float:
         """Intercept that makes the mean click probability ``base_ctr`` (interests are stationary)."""
         # the real initial interests (heavy users dominate the mean), hours spread over a day
         ctx = (*self._context(rng, n), rng.integers(0, 24, n))
-        z = self._logit(_Drift(self.cfg, self.seed), np.zeros(n, np.int64), ctx)
+        z, affinity = self._logit(_Drift(self.cfg, self.seed), np.zeros(n, np.int64), ctx)
         lo, hi = -15.0, 10.0
         for _ in range(50):  # bisection: the mean sigmoid is monotone in the intercept
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(z + mid)))) < self.cfg.base_ctr else (lo, mid)
+        self.conv.calibrate(self.conv.logit(ctx[1], ctx[2], affinity), sigmoid(z + (lo + hi) / 2))
         return (lo + hi) / 2
 
     def _context(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
@@ -166,7 +171,7 @@ class Simulator:
         if step < self._probe.step:
             self._probe = _Drift(self.cfg, self.seed)
         ctx = tuple(np.array([v]) for v in (user, item, device, category, slot, (ts_ms // 3_600_000) % 24))
-        z = self.b0 + self._logit(self._probe, np.array([step]), ctx)
+        z = self.b0 + self._logit(self._probe, np.array([step]), ctx)[0]
         return float(1 / (1 + np.exp(-z[0])))
 
     # -- chunks ----------------------------------------------------------------------------------
@@ -185,7 +190,7 @@ class Simulator:
             ts = cfg.start_ms + off.astype(np.int64)
             users, items, dev, cat, slot = self._context(rng, CHUNK)
             hour = (ts // 3_600_000) % 24
-            z = self._logit(drift, (ts - cfg.start_ms) // STEP_MS, (users, items, dev, cat, slot, hour))
+            z, aff = self._logit(drift, (ts - cfg.start_ms) // STEP_MS, (users, items, dev, cat, slot, hour))
             p = 1 / (1 + np.exp(-(self.b0 + z)))
             delay = np.exp(rng.standard_normal(CHUNK) * cfg.click_delay_sigma) * cfg.click_delay_median_s
             delay_ms = np.clip(np.round(delay * 1000), 1, cfg.click_delay_max_s * 1000).astype(np.int64)
@@ -210,32 +215,34 @@ class Simulator:
                 "skew": clicked & quick & (rng.random(CHUNK) < skew_p),
                 "lag_ms": rng.integers(100, 10_000, CHUNK),  # how late a duplicate is re-sent
             }
+            out["conv_ms"], out["value"] = self.conv.draw(ci, self.conv.logit(items, dev, aff), clicked)
             keep = min(CHUNK, n_impressions - ci * CHUNK)
             yield {k: a[:keep] for k, a in out.items()}
 
     def _events(self, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every delivery of a chunk (impressions, clicks, duplicates) as columns with a sort key."""
+        """Every delivery of a chunk (impressions, clicks, conversions, duplicates) with a sort key."""
         imp_deliv = np.where(c["skew"], c["click_ts"] + c["lag_ms"] // 10, c["ts"])
         parts = [  # (mask, delivery time, kind, order slot)
             (np.ones(len(c["ts"]), bool), imp_deliv, 0, 0),
             (c["dup_imp"], imp_deliv + c["lag_ms"], 0, 1),
             (c["clicked"], c["click_ts"], 1, 2),
             (c["dup_click"], c["click_ts"] + c["lag_ms"], 1, 3),
+            (c["conv_ms"] > 0, c["click_ts"] + c["conv_ms"], 2, 4),
         ]
         cols: dict[str, list[np.ndarray]] = {k: [] for k in _COLS}
         for mask, deliv, kind, slot in parts:
             cols["deliv"].append(deliv[mask])
-            cols["order"].append(c["idx"][mask] * 4 + slot)
+            cols["order"].append(c["idx"][mask] * 5 + slot)
             cols["kind"].append(np.full(int(mask.sum()), kind, np.int8))
-            cols["ts"].append((c["click_ts"] if kind else c["ts"])[mask])
-            for k in ("idx", "user", "item", "dev", "cat", "slot", "bid"):
+            cols["ts"].append((c["ts"], c["click_ts"], deliv)[kind][mask])  # a conversion arrives at its ts
+            for k in ("idx", "user", "item", "dev", "cat", "slot", "bid", "value"):
                 cols[k].append(c[k][mask])
         return {k: np.concatenate(v) for k, v in cols.items()}
 
     # -- public API ------------------------------------------------------------------------------
     def stream(self, n_impressions: int) -> Iterator[tuple[EventKind, dict[str, Any]]]:
-        """``n_impressions`` impressions and all their clicks (and duplicates) in arrival order."""
-        pending = {k: np.empty(0, np.float64 if k == "bid" else np.int64) for k in _COLS}
+        """``n_impressions`` impressions and all their clicks (duplicates, conversions) in arrival order."""
+        pending = {k: np.empty(0, np.float64 if k in ("bid", "value") else np.int64) for k in _COLS}
         chunks = self._chunks(n_impressions)
         for c in chunks:
             ev = {k: np.concatenate([pending[k], v]) for k, v in self._events(c).items()}
@@ -249,9 +256,11 @@ class Simulator:
 
     def _dicts(self, ev: dict[str, np.ndarray]) -> Iterator[tuple[EventKind, dict[str, Any]]]:
         uid, iid = self.user_ids, self.item_ids
-        cols = [ev[k].tolist() for k in ("kind", "idx", "ts", "user", "item", "dev", "cat", "slot", "bid")]
-        for kind, i, ts, u, it, d, c, s, b in zip(*cols, strict=True):
-            if kind:
+        names = ("kind", "idx", "ts", "user", "item", "dev", "cat", "slot", "bid", "value")
+        for kind, i, ts, u, it, d, c, s, b, v in zip(*(ev[k].tolist() for k in names), strict=True):
+            if kind == 2:
+                yield conversion_event(f"imp-{i}", ts, uid[u], v)
+            elif kind:
                 yield (
                     "click",
                     {"click_id": f"clk-{i}", "impression_id": f"imp-{i}", "ts": ts, "user_id": uid[u]},

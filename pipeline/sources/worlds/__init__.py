@@ -6,24 +6,29 @@ Each world is a seeded, deterministic stream of ``ctr simulate``'s events (``see
 - ``simulator``: :class:`pipeline.sources.simulator.Simulator`, drifting interests (the default);
 - ``lifecycle``: ads born and wearing out, position bias, daily seasonality, CTR ~0.5%
   (:mod:`pipeline.sources.worlds.lifecycle`);
+- ``lifecycle-cv``: ``lifecycle`` whose clicks convert (a fifth of them, a click-to-conversion delay
+  of ~30 min median: :mod:`pipeline.sources.conversions`), for the conversion model;
 - ``shifts``: abrupt interest shifts, bursts of new users, clicks past the attribution window,
   CTR ~2-3% (:mod:`pipeline.sources.worlds.shifts`).
 
+The ``simulator`` world converts clicks too when ``simulator.conversion_rate > 0``.
+
 >>> sorted(WORLDS)
-['lifecycle', 'shifts', 'simulator']
+['lifecycle', 'lifecycle-cv', 'shifts', 'simulator']
 """
 
 from __future__ import annotations
 
 from pipeline.core.config import SimulatorConfig
+from pipeline.sources.conversions import ConversionSpec
 from pipeline.sources.simulator import Simulator
 from pipeline.sources.worlds.base import World
-from pipeline.sources.worlds.lifecycle import LifecycleWorld
+from pipeline.sources.worlds.lifecycle import LifecycleParams, LifecycleWorld
 from pipeline.sources.worlds.shifts import ShiftsWorld
 
 __all__ = ["WORLDS", "open_world"]
 
-WORLDS = ("simulator", "lifecycle", "shifts")
+WORLDS = ("simulator", "lifecycle", "lifecycle-cv", "shifts")
 
 
 def open_world(name: str, seed: int, simulator: SimulatorConfig | None = None) -> Simulator | World:
@@ -32,6 +37,8 @@ def open_world(name: str, seed: int, simulator: SimulatorConfig | None = None) -
         return Simulator(simulator or SimulatorConfig(), seed)
     if name == "lifecycle":
         return LifecycleWorld(seed)
+    if name == "lifecycle-cv":
+        return LifecycleWorld(seed, LifecycleParams(conversions=ConversionSpec(rate=0.2)))
     if name == "shifts":
         return ShiftsWorld(seed)
     raise ValueError(f"unknown world {name!r}; known: {', '.join(WORLDS)}")

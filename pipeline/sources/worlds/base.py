@@ -2,9 +2,10 @@
 
 A world draws impressions chunk by chunk (each chunk from its own seeded generator, in order, so the
 first ``n`` impressions do not depend on ``n``) as :class:`Columns`: times, ids, features, the hidden
-click probability and, for the clicked ones, the delay. :meth:`World.stream` turns them into
-``ctr simulate``'s events in arrival order: impressions at their ``ts``, each click at its own
-``ts`` (a click due before a later impression comes first), however long its delay.
+click probability and, for the clicked ones, the delay (and, in a world with conversions, the delay from
+click to conversion). :meth:`World.stream` turns them into ``ctr simulate``'s events in arrival order:
+impressions at their ``ts``, each click and conversion at its own ``ts`` (one due before a later
+impression comes first), however long its delay.
 
 >>> t = arrivals(np.random.default_rng(0), 0.0, 5, lambda s: np.full(s.size, 2.0), 2.0)
 >>> bool(np.all(np.diff(t) > 0)), t.size
@@ -14,7 +15,6 @@ click probability and, for the clicked ones, the delay. :meth:`World.stream` tur
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,15 +22,12 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.types import EventKind
+from pipeline.sources.conversions import conversion_event, intercept, lognormal_ms, sigmoid
 
 __all__ = ["Columns", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid"]
 
 HOUR_MS = 3_600_000
 _HOURS = tuple(f"{h:02d}" for h in range(24))
-
-
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-z))
 
 
 def arrivals(
@@ -50,15 +47,6 @@ def arrivals(
     return np.concatenate(out)[:n]
 
 
-def intercept(z: np.ndarray, target: float, scale: np.ndarray | float = 1.0) -> float:
-    """The ``b`` with ``mean(scale * sigmoid(z + b)) == target`` (bisection: monotone in ``b``)."""
-    lo, hi = -20.0, 10.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if np.mean(scale * sigmoid(z + mid)) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
 @dataclass
 class Columns:
     """One chunk of impressions, column-wise; ``delay_ms`` is -1 where there is no click."""
@@ -70,6 +58,8 @@ class Columns:
     dense: dict[str, np.ndarray]  # numeric name -> one value per impression
     p: np.ndarray  # the hidden click probability
     delay_ms: np.ndarray  # int64; >= 1 for a click, -1 for none
+    conv_ms: np.ndarray | None = None  # int64 click -> conversion delay; -1 for none (None: no conversions)
+    conv_value: np.ndarray | None = None  # the conversion's order value (NaN: none)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -110,23 +100,28 @@ class World:
                     {k: v[:keep] for k, v in c.dense.items()},
                     c.p[:keep],
                     c.delay_ms[:keep],
+                    None if c.conv_ms is None else c.conv_ms[:keep],
+                    None if c.conv_value is None else c.conv_value[:keep],
                 )
             yield done, c
             done += keep
 
     def stream(self, n_impressions: int) -> Iterator[tuple[EventKind, dict[str, Any]]]:
-        """``n_impressions`` impressions and their clicks, in arrival (event-time) order."""
-        pending: list[tuple[int, int, str, str]] = []  # (click ts, impression index, impression id, user)
+        """``n_impressions`` impressions, their clicks and conversions, in arrival (event-time) order."""
+        # (ts, impression index, 1 click | 2 conversion, impression id, user, conversion value)
+        pending: list[tuple[int, int, int, str, str, float]] = []
         prefix = self.name
         for first, c in self.columns(n_impressions):
             names, dnames = list(c.features), list(c.dense)
             fcols = [c.features[k] for k in names]
             dcols = [np.round(c.dense[k], 4).tolist() for k in dnames]
+            conv = (c.conv_ms if c.conv_ms is not None else np.full(len(c), -1)).tolist()
+            value = (c.conv_value if c.conv_value is not None else np.full(len(c), np.nan)).tolist()
             for j, (ts, user, item, delay) in enumerate(
                 zip(c.ts.tolist(), c.users, c.items, c.delay_ms.tolist(), strict=True)
             ):
                 while pending and pending[0][0] < ts:
-                    yield _click(*heapq.heappop(pending))
+                    yield _due(*heapq.heappop(pending))
                 imp_id = f"{prefix}-{first + j}"
                 yield (
                     "impression",
@@ -140,9 +135,11 @@ class World:
                     },
                 )
                 if delay > 0:
-                    heapq.heappush(pending, (ts + delay, first + j, imp_id, user))
+                    heapq.heappush(pending, (ts + delay, first + j, 1, imp_id, user, np.nan))
+                    if conv[j] > 0:  # one per clicked impression, some time after its click
+                        heapq.heappush(pending, (ts + delay + conv[j], first + j, 2, imp_id, user, value[j]))
         while pending:
-            yield _click(*heapq.heappop(pending))
+            yield _due(*heapq.heappop(pending))
 
     def true_probabilities(self, n_impressions: int) -> dict[str, float]:
         """The hidden click probability of each impression (an oracle, for benchmarks and tests)."""
@@ -157,11 +154,10 @@ class World:
         return [_HOURS[h] for h in self.hour(ts).tolist()]
 
 
-def _click(ts: int, _idx: int, imp_id: str, user: str) -> tuple[EventKind, dict[str, Any]]:
+def _due(
+    ts: int, _idx: int, kind: int, imp_id: str, user: str, value: float
+) -> tuple[EventKind, dict[str, Any]]:
+    """The click (``kind`` 1) or conversion (2) of ``imp_id`` due at ``ts``."""
+    if kind == 2:
+        return conversion_event(imp_id, ts, user, value)
     return "click", {"click_id": f"c{imp_id}", "impression_id": imp_id, "ts": ts, "user_id": user}
-
-
-def lognormal_ms(rng: np.random.Generator, n: int, median_s: float, sigma: float, cap_s: float) -> np.ndarray:
-    """Lognormal delays in whole milliseconds, at least 1 and at most ``cap_s``."""
-    d = np.exp(rng.standard_normal(n) * sigma + math.log(median_s * 1000))
-    return np.clip(np.round(d), 1, cap_s * 1000).astype(np.int64)

@@ -17,6 +17,11 @@ The mechanisms of a real display-ad log that the project's simulator does not ha
 
 Clicks follow a lognormal delay (median 45 s; ~1% past a 15-minute window). Everything is seeded.
 
+Conversions (off by default: ``conversions.rate`` 0) follow some clicks, later
+(:mod:`pipeline.sources.conversions`), with a hidden model that is not the click model: logit ``c0 +
+0.8 * shop[advertiser]`` (its landing page and prices, N(0, 1), unrelated to its ad quality) ``+ a
+device effect`` (desktop converts best) ``+ 0.5 * segment affinity`` (half its click weight).
+
 >>> w = LifecycleWorld(seed=1)
 >>> kind, event = next(iter(w.stream(3)))
 >>> kind, event["impression_id"], event["features"]["position"] in {"1", "2", "3", "4", "5"}
@@ -27,10 +32,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.sources.conversions import ConversionModel, ConversionSpec
 from pipeline.sources.worlds.base import Columns, World, arrivals, intercept, lognormal_ms, sigmoid
 
 __all__ = ["LifecycleParams", "LifecycleWorld"]
@@ -39,6 +45,7 @@ STEP_S = 600.0  # ads are born and their exposure is re-weighed every 10 minutes
 _DEVICES = ("mobile", "desktop", "tablet")
 _DEVICE_P = np.array([0.65, 0.28, 0.07])
 _DEVICE_EFFECT = np.array([0.0, -0.25, 0.1])
+_CONVERSION_DEVICE_EFFECT = np.array([-0.2, 0.4, 0.0])  # checkout is easier on a desktop
 _AGES = ("18-24", "25-34", "35-44", "45-54", "55-64", "65+")
 _GENDERS = ("f", "m", "u")
 _POS_CUTS = np.array([-0.84, -0.25, 0.25, 0.84])  # standard-normal quintiles: 5 equally used slots
@@ -69,6 +76,7 @@ class LifecycleParams:
     click_delay_median_s: float = 45.0
     click_delay_sigma: float = 1.3
     click_delay_max_s: float = 3_600.0
+    conversions: ConversionSpec = field(default_factory=ConversionSpec)  # clicks that convert; default: none
 
 
 class _Ads:
@@ -142,22 +150,27 @@ class LifecycleWorld(World):
         self.taste = rng.normal(0.0, 0.5, (p.users, p.categories)).astype(np.float32)
         self.seg_affinity = rng.normal(0.0, 0.6, (len(_AGES) * len(_GENDERS), p.categories))
         self.examine = np.asarray(p.examine, np.float64)
+        self.conv = ConversionModel(p.conversions, seed, p.advertisers, _CONVERSION_DEVICE_EFFECT)
         self.b0 = 0.0
-        z, scale = [], []
-        for i, (_, _, zi, ex) in enumerate(self._draw()):  # the first 20k impressions fix the intercept
+        z, scale, zc = [], [], []
+        for i, (_, _, zi, ex, zci) in enumerate(self._draw()):  # the first 20k impressions fix b0, c0
             z.append(zi)
             scale.append(ex)
+            zc.append(zci)
             if i == 3:
                 break
         self.b0 = intercept(np.concatenate(z), p.base_ctr, np.concatenate(scale))
+        p_click = np.concatenate(scale) * sigmoid(np.concatenate(z) + self.b0)
+        self.conv.calibrate(np.concatenate(zc), p_click)
 
     def _rate(self, t_s: np.ndarray) -> np.ndarray:
         p = self.p
         hour = (self.start_ms / 1000 + t_s) / 3_600.0
         return p.events_per_s * (1 + p.traffic_swing * np.cos(2 * np.pi * (hour - 20) / 24))
 
-    def _draw(self) -> Iterator[tuple[Columns, np.random.Generator, np.ndarray, np.ndarray]]:
-        """Chunks without clicks: the columns, the chunk's generator, the logit and P(examined)."""
+    def _draw(self) -> Iterator[tuple[Columns, np.random.Generator, np.ndarray, np.ndarray, np.ndarray]]:
+        """Chunks without clicks: the columns, the chunk's generator, the logit, P(examined) and the
+        conversion logit (without intercepts)."""
         p, ads, t = self.p, _Ads(self.p, self.seed), 0.0
         for ci in itertools.count():
             rng = np.random.default_rng([self.seed, 2, ci])
@@ -206,15 +219,17 @@ class LifecycleWorld(World):
                 p=np.zeros(t_s.size),
                 delay_ms=np.full(t_s.size, -1, np.int64),
             )
-            yield cols, rng, z, self.examine[pos]
+            yield cols, rng, z, self.examine[pos], self.conv.logit(adv, dev, self.seg_affinity[seg, cat])
 
     def _chunks(self) -> Iterator[Columns]:
         p = self.p
-        for cols, rng, z, examine in self._draw():
+        for ci, (cols, rng, z, examine, zc) in enumerate(self._draw()):
             cols.p = examine * sigmoid(z + self.b0)
             clicked = rng.random(len(cols)) < cols.p
             delay = lognormal_ms(
                 rng, len(cols), p.click_delay_median_s, p.click_delay_sigma, p.click_delay_max_s
             )
             cols.delay_ms = np.where(clicked, delay, -1)
+            if p.conversions.rate > 0:  # from generators of their own: the clicks stay as they are
+                cols.conv_ms, cols.conv_value = self.conv.draw(ci, zc, clicked)
             yield cols
