@@ -106,7 +106,7 @@ def test_missing_file_says_so(tmp_path: Path) -> None:
         (
             "CTR_TRAINER_MODEL",
             "xgb",
-            "trainer.model must be one of 'deepfm', 'dcnv2', 'lr', 'din', got 'xgb'",
+            "trainer.model must be one of 'deepfm', 'dcnv2', 'lr', 'din', 'esmm', got 'xgb'",
         ),
         ("CTR_TRAINER_DEVICE", "tpu", "trainer.device must be one of 'auto', 'cpu', 'cuda', got 'tpu'"),
         ("CTR_DAEMON_LOG_FORMAT", "xml", "daemon.log_format must be one of 'text', 'json'"),

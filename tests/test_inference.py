@@ -22,7 +22,7 @@ from trainers.inference import frozen_scorer, probe_inputs
 from trainers.learner import TorchLearner
 from trainers.testing import InMemoryModelStore, synthetic_examples
 
-MODELS = ["deepfm", "dcnv2", "lr", "din"]
+MODELS = ["deepfm", "dcnv2", "lr", "din", "esmm"]
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),

@@ -61,34 +61,77 @@ def rows_of(examples: Iterable[LabelledExample]) -> list[Row]:
 @dataclass(frozen=True, slots=True)
 class EncodedBatch:
     """Model inputs for ``n`` rows: hashed ids ``(n, fields [+ sequence])`` int64, dense ``(n, d)``
-    float32."""
+    float32; the targets when encoded from labelled examples.
+
+    Conversion targets (:class:`pipeline.core.events.LabelledExample`'s ``conversion`` and
+    ``correction``) are None unless some example carries them: ``conversions`` float32, 0/1 where
+    known and NaN where not; ``corrections`` bool, the rows that repeat a clicked impression to
+    deliver its conversion (a click-only consumer skips them: :meth:`without_corrections`).
+    """
 
     ids: np.ndarray
     dense: np.ndarray
     labels: np.ndarray | None = None  # float32 0/1, present when encoded from labelled examples
+    conversions: np.ndarray | None = None  # float32 0/1, NaN where unknown; None: none known
+    corrections: np.ndarray | None = None  # bool; None: no correction among the rows
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
     def __getitem__(self, index: slice | np.ndarray) -> EncodedBatch:
         labels = None if self.labels is None else self.labels[index]
-        return EncodedBatch(self.ids[index], self.dense[index], labels)
+        conversions = None if self.conversions is None else self.conversions[index]
+        corrections = None if self.corrections is None else self.corrections[index]
+        return EncodedBatch(self.ids[index], self.dense[index], labels, conversions, corrections)
 
     def first_columns(self, n: int) -> EncodedBatch:
         """The batch with only its first ``n`` id columns (the fields, without a behaviour sequence)."""
-        return self if self.ids.shape[1] == n else EncodedBatch(self.ids[:, :n], self.dense, self.labels)
+        if self.ids.shape[1] == n:
+            return self
+        return EncodedBatch(self.ids[:, :n], self.dense, self.labels, self.conversions, self.corrections)
+
+    def click_rows(self) -> np.ndarray | None:
+        """The rows that are not corrections (bool), or None when every row is one (no correction).
+
+        >>> b = EncodedBatch(np.zeros((3, 1), np.int64), np.zeros((3, 0), np.float32))
+        >>> b.click_rows() is None
+        True
+        >>> EncodedBatch(b.ids, b.dense, corrections=np.array([False, True, False])).click_rows()
+        array([ True, False,  True])
+        """
+        if self.corrections is None or not self.corrections.any():
+            return None
+        return ~self.corrections
+
+    def without_corrections(self) -> EncodedBatch:
+        """The batch without its correction rows (itself when it has none): what a click model learns."""
+        keep = self.click_rows()
+        return self if keep is None else self[keep]
 
     @staticmethod
     def concat(parts: Sequence[EncodedBatch]) -> EncodedBatch:
-        """One batch of ``parts``' rows in order (labels kept only if every part has them)."""
+        """One batch of ``parts``' rows in order (labels kept only if every part has them; conversion
+        targets if any part has them: NaN, resp. False, for the rows of the parts without)."""
         if len(parts) == 1:
             return parts[0]
         labels = [p.labels for p in parts]
+        conversions = None
+        if any(p.conversions is not None for p in parts):
+            conversions = np.concatenate([_or_full(p.conversions, len(p), np.nan, np.float32) for p in parts])
+        corrections = None
+        if any(p.corrections is not None for p in parts):
+            corrections = np.concatenate([_or_full(p.corrections, len(p), False, np.bool_) for p in parts])
         return EncodedBatch(
             np.concatenate([p.ids for p in parts]),
             np.concatenate([p.dense for p in parts]),
             None if any(x is None for x in labels) else np.concatenate(labels),  # type: ignore[arg-type]
+            conversions,
+            corrections,
         )
+
+
+def _or_full(values: np.ndarray | None, n: int, fill: Any, dtype: Any) -> np.ndarray:
+    return np.full(n, fill, dtype=dtype) if values is None else values
 
 
 def _is_rate(name: str) -> bool:
@@ -187,9 +230,11 @@ class Encoder:
     def encode(self, rows: Sequence[Row] | Sequence[LabelledExample]) -> EncodedBatch:
         """Encode rows, or labelled examples (then ``labels`` is filled too)."""
         self._check_fitted()
-        labels = None
+        labels = conversions = corrections = None
         if rows and isinstance(rows[0], LabelledExample):
-            labels = np.fromiter((ex.label for ex in rows), dtype=np.float32, count=len(rows))  # type: ignore[union-attr]
+            examples: Sequence[LabelledExample] = rows  # type: ignore[assignment]
+            labels = np.fromiter((ex.label for ex in examples), dtype=np.float32, count=len(rows))
+            conversions, corrections = _conversion_targets(examples)
         pairs = _as_rows(rows)
         n = len(pairs)
         ids = np.empty((n, self.id_columns), dtype=np.int64)
@@ -212,7 +257,7 @@ class Encoder:
         for j, key in enumerate(self.stream_keys):
             dense[:, offset + j] = [sf.get(key, 0.0) for _, sf in pairs]
         self._compress(dense)
-        return EncodedBatch(ids, dense, labels)
+        return EncodedBatch(ids, dense, labels, conversions, corrections)
 
     def encode_request(
         self,
@@ -284,6 +329,19 @@ class Encoder:
     def _check_fitted(self) -> None:
         if not self._fitted:
             raise RuntimeError("Encoder: call fit() on the first block (or from_spec()) before encoding")
+
+
+def _conversion_targets(examples: Sequence[LabelledExample]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(conversions, corrections)`` of :class:`EncodedBatch` for labelled examples (each None when
+    no example carries one: a click-only stream pays nothing)."""
+    conversions = corrections = None
+    if any(ex.conversion is not None for ex in examples):
+        conversions = np.array(
+            [np.nan if ex.conversion is None else ex.conversion for ex in examples], dtype=np.float32
+        )
+    if any(ex.correction for ex in examples):
+        corrections = np.fromiter((ex.correction for ex in examples), dtype=np.bool_, count=len(examples))
+    return conversions, corrections
 
 
 def _as_rows(rows: Sequence[Row] | Sequence[LabelledExample]) -> list[Row]:

@@ -25,6 +25,18 @@ Examples are encoded as :meth:`IncrementalTrainer.add` receives them (with the c
 so closing a block only encodes the last call's examples (the result is the same however the
 examples arrived); most of the encoding happens while the block is still filling.
 
+Conversions (:mod:`trainers.multitask`): a multi-task champion (ESMM) learns every row, corrections
+included, and a correction takes its place in the block at its ``label_ts`` (when its conversion
+window closed and it was emitted), not at its old impression time: the holdout then holds the
+conversions that were last to be known, as it holds the newest clicks. Click metrics, calibration,
+the click gate, ``static``'s and the baselines' scores (click models, all of them) read the rows
+that are not corrections; conversion metrics (``cvr_*``, merged into ``online``, ``static``,
+``candidate`` and ``champion``: in MLflow ``online.cvr_auc``, ``holdout.cvr_logloss``, ...) score
+pCTCVR over the rows of known conversion, and the gate also checks them
+(``trainer.conversion_gate_tolerance``). A single-task champion never sees a correction: they are
+dropped as they arrive (not counting towards ``train_every``) and counted in
+:attr:`BlockReport.corrections_skipped`. Without conversions nothing of this changes a block.
+
 Block 1 has no champion: the encoder schema is fitted on the block's field names (never labels),
 the untrained initial model does the progressive scoring, and the gate accepts any finite candidate.
 
@@ -58,6 +70,8 @@ from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
+from trainers.models import is_multi_task
+from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, task_probabilities
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
 
@@ -119,6 +133,8 @@ class BlockReport:
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> progressive metrics
     adopted_version: str | None = None  # set when someone else had moved the alias: the version adopted
     alias_moved: bool = False  # whether this block moved the alias to ``version``
+    corrections: int = 0  # rows of ``examples`` that are corrections (a multi-task champion's)
+    corrections_skipped: int = 0  # corrections dropped since the last block (a single-task champion's)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
@@ -188,10 +204,17 @@ class IncrementalTrainer:
         self._encoded_with: Encoder | None = None
         self._position: Any = None
         self._champion_auc: float | None = None  # the champion's held-out AUC when it was accepted
+        self.corrections_skipped = 0  # corrections dropped unlearned (single-task champion), in all
+        self._skipped = 0  # of which since the last block closed
 
     @property
     def champion_version(self) -> str | None:
         return None if self.champion is None else self.champion.version
+
+    @property
+    def learns_conversions(self) -> bool:
+        """Does the champion (or, before block 1, ``trainer.model``) learn conversions too?"""
+        return self.champion.multi_task if self.champion is not None else is_multi_task(self.cfg.model)
 
     @property
     def pending(self) -> int:
@@ -203,9 +226,20 @@ class IncrementalTrainer:
         """Examples still needed to close the current block."""
         return self.cfg.train_every - len(self._buffer)
 
+    def skips(self, ex: LabelledExample) -> bool:
+        """Is ``ex`` a correction this trainer does not learn (a single-task champion)? Counted if
+        so. Callers that cut their input at block boundaries (:attr:`needed`) drop these first."""
+        if ex.correction and not self.learns_conversions:
+            self._skipped += 1
+            self.corrections_skipped += 1
+            return True
+        return False
+
     def add(self, examples: Sequence[LabelledExample], position: Any = None) -> list[BlockReport]:
         """Buffer ``examples``; run every block they complete. ``position``: where the source is
         after these examples (recorded in the lineage of a block closed by this call)."""
+        if any(ex.correction for ex in examples):
+            examples = [ex for ex in examples if not self.skips(ex)]
         self._buffer.extend(examples)
         if position is not None:
             self._position = position
@@ -259,7 +293,12 @@ class IncrementalTrainer:
     ) -> BlockReport:
         self.blocks += 1
         adopted = self._follow_alias()
-        ts = np.fromiter((ex.impression.ts for ex in block), dtype=np.int64, count=len(block))
+        # a correction at the time its conversion became final (module docstring)
+        ts = np.fromiter(
+            (ex.label_ts if ex.correction else ex.impression.ts for ex in block),
+            dtype=np.int64,
+            count=len(block),
+        )
         order = np.argsort(ts, kind="stable")  # stable: newest last, for the holdout
         block = [block[i] for i in order]
         if self.champion is None:
@@ -272,12 +311,20 @@ class IncrementalTrainer:
             batch = champion.encode(block)
         assert batch.labels is not None
         y = batch.labels
-        raw_online = champion.predict_logits(batch)
+        multi = champion.multi_task
+        clicks = batch.click_rows()  # the rows click metrics read (None: all, no correction)
+        y_click = _rows(y, clicks)
+        logits_online = champion.predict_task_logits(batch) if multi else None  # (n, 2): one pass
+        raw_online = champion.predict_logits(batch) if logits_online is None else logits_online[:, 0]
         p_online = apply_platt(raw_online, champion.calibration)
-        online = block_metrics(y, p_online)
-        p_static = self.static.predict(batch) if self.static is not None else None
-        static = block_metrics(y, p_static) if p_static is not None else None
+        online = block_metrics(y_click, _rows(p_online, clicks))
+        tasks_online = None  # [pCTR, pCVR] of a multi-task champion
+        if logits_online is not None:
+            tasks_online = task_probabilities(logits_online, champion.calibration)
+            online |= conversion_metrics(y, batch.conversions, tasks_online)
+        p_static, static = self._static_scores(batch, clicks)
         fields = batch.first_columns(len(champion.encoder.fields))  # references read no sequence
+        fields = fields if clicks is None else fields[clicks]  # click models, all of them
         p_base = {name: b.predict(fields) for name, b in self.baselines.items()}
         for b in self.baselines.values():
             b.learn(fields)  # the whole block, holdout included: a reference learner needs no gate
@@ -286,34 +333,49 @@ class IncrementalTrainer:
         n_hold = min(n - 1, max(1, round(n * self.cfg.holdout_fraction)))
         train, hold = batch[: n - n_hold], batch[n - n_hold :]
         assert hold.labels is not None
+        train_clicks, hold_clicks = train.click_rows(), hold.click_rows()
+        y_hold = _rows(hold.labels, hold_clicks)
         candidate = champion.clone()
         if self.cfg.calibrate and self.has_champion:
             # the champion's logits on this block's older part, made before it learned them
-            candidate.calibration = fit_platt(raw_online[: n - n_hold], y[: n - n_hold])
+            candidate.calibration = fit_platt(
+                _rows(raw_online[: n - n_hold], train_clicks), _rows(y[: n - n_hold], train_clicks)
+            )
         elif self.cfg.intercept_gain > 0 and self.has_champion:
-            self._correct_intercept(candidate, raw_online[: n - n_hold], y[: n - n_hold])
+            self._correct_intercept(
+                candidate, _rows(raw_online[: n - n_hold], train_clicks), _rows(y[: n - n_hold], train_clicks)
+            )
         start = time.perf_counter()
         loss = candidate.learn(train)
         train_s = time.perf_counter() - start
-        p_hold = candidate.predict(hold)
-        cand_metrics = block_metrics(hold.labels, p_hold) | {"train_loss": loss}
+        tasks_hold = candidate.predict_tasks(hold) if multi else None
+        p_hold = _rows(candidate.predict(hold) if tasks_hold is None else tasks_hold[:, 0], hold_clicks)
+        cand_metrics = block_metrics(y_hold, p_hold) | {"train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
-        champ_metrics = block_metrics(hold.labels, p_online[n - n_hold :]) if self.has_champion else None
+        champ_metrics = (
+            block_metrics(y_hold, _rows(p_online[n - n_hold :], hold_clicks)) if self.has_champion else None
+        )
         corrupt = (
             labels_look_corrupt(online, self.cfg.min_champion_auc, self._champion_auc)
             if self.has_champion
             else None
         )
         decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
+        if tasks_hold is not None and tasks_online is not None:  # and the conversion task
+            cand_metrics |= conversion_metrics(hold.labels, hold.conversions, tasks_hold)
+            if champ_metrics is not None:
+                champ_metrics |= conversion_metrics(hold.labels, hold.conversions, tasks_online[n - n_hold :])
+            tol = self.cfg.conversion_gate_tolerance
+            decision = corrupt or both_tasks(decision, conversion_gate(cand_metrics, champ_metrics, tol))
         if self.static is None:
             self.static = (candidate if decision.accepted else champion).clone(frozen=True)
 
         report = BlockReport(
             index=self.blocks,
             examples=n,
-            positives=int(y.sum()),
-            event_time_min=block[0].impression.ts,
-            event_time_max=block[-1].impression.ts,
+            positives=int(y_click.sum()),
+            event_time_min=int(ts[order[0]]),
+            event_time_max=int(ts[order[-1]]),
             online=online,
             static=static,
             candidate=cand_metrics,
@@ -326,18 +388,26 @@ class IncrementalTrainer:
             examples_per_s=len(train) / train_s if train_s > 0 else float("inf"),
             publish_seconds=0.0,
             position=self._position,
-            baselines={name: block_metrics(y, p) for name, p in p_base.items()},
+            baselines={name: block_metrics(y_click, p) for name, p in p_base.items()},
             adopted_version=adopted,
+            corrections=len(y) - len(y_click),
+            corrections_skipped=self._skipped,
         )
+        self._skipped = 0
         if self.on_scores is not None:
-            scores = {"online": p_online} | ({"static": p_static} if p_static is not None else {}) | p_base
-            self.on_scores(BlockScores(self.blocks, y, scores, report.event_time_min, report.event_time_max))
+            scores = {"online": _rows(p_online, clicks)} | (
+                {"static": p_static} if p_static is not None else {}
+            )
+            scores |= p_base
+            self.on_scores(
+                BlockScores(self.blocks, y_click, scores, report.event_time_min, report.event_time_max)
+            )
         if decision.accepted:
             if self.cfg.shift_on_holdout:
                 # the holdout was scored before the candidate learned it, as the next block will be
                 slope, intercept = candidate.calibration
                 z = np.log(np.clip(p_hold, 1e-12, 1.0)) - np.log(np.clip(1.0 - p_hold, 1e-12, 1.0))
-                candidate.calibration = (slope, intercept + fit_shift(z, hold.labels))
+                candidate.calibration = (slope, intercept + fit_shift(z, y_hold))
             if self.cfg.learn_holdout:
                 # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
                 # share of every block would never reach the served model.
@@ -358,6 +428,22 @@ class IncrementalTrainer:
             self.champion, self.has_champion = candidate, True
             self._champion_auc = cand_metrics.get("auc")  # what the new champion proved on held-out data
         return report
+
+    def _static_scores(
+        self, batch: EncodedBatch, clicks: np.ndarray | None
+    ) -> tuple[np.ndarray | None, dict[str, float] | None]:
+        """The frozen block-1 model's click scores of the click rows and its metrics (with the
+        conversion metrics when it is multi-task); ``(None, None)`` in block 1."""
+        if self.static is None:
+            return None, None
+        assert batch.labels is not None
+        if not self.static.multi_task:
+            p = _rows(self.static.predict(batch), clicks)
+            return p, block_metrics(_rows(batch.labels, clicks), p)
+        tasks = self.static.predict_tasks(batch)
+        p = _rows(tasks[:, 0], clicks)
+        cvr = conversion_metrics(batch.labels, batch.conversions, tasks)
+        return p, block_metrics(_rows(batch.labels, clicks), p) | cvr
 
     def _correct_intercept(self, candidate: TorchLearner, raw: np.ndarray, y: np.ndarray) -> None:
         """Move the candidate's intercept by what the served scores (the champion's, calibrated,
@@ -402,4 +488,9 @@ class IncrementalTrainer:
             "parent_version": report.parent_version or "none",
             "gate_reason": report.decision.reason,
             "model": self.cfg.model,
-        }
+        } | ({"corrections": report.corrections} if self.learns_conversions else {})
+
+
+def _rows(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """``values[rows]``; all of them when ``rows`` is None (no correction in the block)."""
+    return values if rows is None else values[rows]

@@ -16,6 +16,10 @@ used; if tracing fails (``torch.jit`` warns that it is deprecated, once per proc
 torch may drop it) or the check does not hold, the scorer is None and the learner stays eager (a
 WARNING says why).
 
+A multi-task model (:func:`trainers.models.is_multi_task`) serves two traced graphs: its forward
+(the click logit, as every model) and, with ``tasks=True``, its ``task_logits`` (``(n, 2)``: click
+and conversion logits), each frozen and checked the same way.
+
 >>> from trainers.models import build_model, model_spec
 >>> m = build_model(model_spec("lr", n_fields=2, n_dense=1, hash_buckets=16)).eval()
 >>> f = frozen_scorer(m, n_fields=2, n_dense=1, device=torch.device("cpu"), amp_dtype=None)
@@ -93,24 +97,44 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast
     return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
+class _TaskLogits(nn.Module):
+    """A multi-task model's ``task_logits`` as a module's forward: what tracing records."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.task_logits(ids, dense)  # type: ignore[operator]
+        return out
+
+
 def frozen_scorer(
-    model: nn.Module, *, n_fields: int, n_dense: int, device: torch.device, amp_dtype: torch.dtype | None
+    model: nn.Module,
+    *,
+    n_fields: int,
+    n_dense: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    tasks: bool = False,
 ) -> Scorer | None:
-    """``model`` traced on ``device`` under ``amp_dtype`` autocast and frozen, or None (see above).
+    """``model`` traced on ``device`` under ``amp_dtype`` autocast and frozen, or None (see above);
+    ``tasks=True``: its ``task_logits`` instead of its forward (a multi-task model's).
 
     The frozen graph holds the weights as they are now: it must be rebuilt after they change.
     """
     buckets = int(getattr(model, "spec", {}).get("hash_buckets", 2))
     ids, dense = probe_inputs(_PROBE_ROWS, n_fields, n_dense, buckets, device)
     was_training = model.training
-    model.eval()
+    traced = _TaskLogits(model) if tasks else model
+    traced.eval()
     try:
         # torch.jit's FutureWarnings show once per process; not silenced here: catch_warnings
         # swaps the process's filters, a race with the other replicas' loads and the requests.
         with torch.no_grad(), _autocast(device, amp_dtype):
-            frozen = torch.jit.freeze(torch.jit.trace(model, (ids, dense), check_trace=False))
+            frozen = torch.jit.freeze(torch.jit.trace(traced, (ids, dense), check_trace=False))
         with torch.inference_mode(), _autocast(device, amp_dtype):
-            want = model(ids, dense).float()
+            want = traced(ids, dense).float()
             got = _warm(frozen, ids, dense)
         gap = float((got - want).abs().max())
     except Exception as exc:  # an op TorchScript cannot trace, torch.jit gone in a later torch

@@ -18,6 +18,12 @@ value back to the host: the block's loss is summed on the device and read once a
 The device decisions are small functions (:func:`autocast_dtype`, :func:`pins_host_memory`,
 :func:`step_batch_size`) so that a CPU-only test covers the CUDA choices too.
 
+A multi-task model (ESMM, :mod:`trainers.multitask`) learns clicks and conversions: the click loss
+over the rows that are not corrections, pCTCVR's over the rows of known conversion; a single-task
+model skips corrections (it would learn their clicks twice). :meth:`TorchLearner.predict` is the
+click probability for every model; a multi-task learner also has :meth:`TorchLearner.predict_tasks`
+and :meth:`TorchLearner.predict_request_tasks`, ``(n, 2)`` [pCTR, pCVR].
+
 A learner saves to a folder: ``weights.pt`` (``torch.save`` of state dicts only, loaded back with
 ``weights_only=True``, so loading never unpickles code) and ``spec.json`` (encoder schema, model
 spec, trainer config).
@@ -45,6 +51,7 @@ from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer, load_scorer, save_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
+from trainers.multitask import TaskTargets, start_cvr_at_base_rate, task_probabilities
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 from trainers.sharding import (
     RowSharding,
@@ -69,6 +76,7 @@ __all__ = [
 
 FORMAT = "ctr-online/torch-learner/1"
 SCORER_FILE = "scorer.pt"  # save_for_serving: the traced forward beside weights.pt
+TASKS_SCORER_FILE = "scorer_tasks.pt"  # and a multi-task model's traced task_logits
 _PREDICT_CHUNK = 65_536  # rows per forward pass when scoring: bounds activation memory
 
 # What learn/predict accept: labelled examples, (impression, stream_features) rows, a pair
@@ -145,8 +153,9 @@ def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
     within a block, where Adam at lr_dense took hundreds of steps). The embedding vectors get
     ``sparse_optimizer`` (row-wise), every other weight (MLP, cross layers) Adam at ``lr_dense``.
     """
-    wide_module = getattr(model, "wide", None)
-    wide = list(wide_module.parameters()) if isinstance(wide_module, nn.Module) else []
+    # first-order tables: the click model's, and a multi-task model's conversion tower's
+    tables = [getattr(model, name, None) for name in ("wide", "cvr_wide")]
+    wide = [p for t in tables if isinstance(t, nn.Module) for p in t.parameters()]
     linear_of = getattr(model, "linear_parameters", None)
     linear = list(linear_of()) if callable(linear_of) else []
     taken = {id(p) for p in wide + linear}
@@ -258,26 +267,44 @@ class TorchLearner:
         self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
         self.intercept_corrections = 0  # blocks whose offset moved calibration's b (intercept_gain)
         self._scorer: Scorer | None = None  # the traced forward of use_inference; None: eager
+        self._task_scorer: Scorer | None = None  # a multi-task model's traced task_logits
 
     @property
     def model_spec(self) -> dict[str, Any]:
         return dict(self.model.spec)  # type: ignore[arg-type]
 
+    @property
+    def multi_task(self) -> bool:
+        """Does the model learn conversions too (``task_logits``; :mod:`trainers.multitask`)?"""
+        return callable(getattr(self.model, "task_logits", None))
+
     # -- training --------------------------------------------------------------------------------
     def learn(self, examples: Examples) -> float:
-        """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss."""
+        """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss (per
+        row; a multi-task model's sums its two losses). A single-task model skips corrections."""
         if self.frozen:
             raise RuntimeError("TorchLearner.learn: this learner is frozen (a static reference copy)")
+        multi = self.multi_task
         batch = self.encode(examples)
-        if batch.labels is None:
+        batch = batch if multi else batch.without_corrections()
+        targets_y = batch.labels
+        if targets_y is None:
             raise ValueError("TorchLearner.learn: examples carry no labels")
         n = len(batch)
         if n == 0:
             return float("nan")
         self.use_inference("eager")  # a traced graph holds the weights as they were: drop it
+        clicks = batch.click_rows()
         if self.blocks_learned == 0 and self.steps == 0:
-            self._start_at_base_rate(batch.labels)
-        ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(batch.labels)
+            self._start_at_base_rate(targets_y if clicks is None else targets_y[clicks])
+        targets = None
+        forward: Scorer = self.model
+        if multi:
+            start_cvr_at_base_rate(self.model, targets_y, batch.conversions)
+            conv = None if batch.conversions is None else self._put(batch.conversions)
+            weights = None if clicks is None else self._put(clicks.astype(np.float32))
+            targets, forward = TaskTargets(conv, weights), cast(Scorer, self.model.task_logits)
+        ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(targets_y)
         tables = [m for m in self.model.modules() if isinstance(m, HashedEmbedding)]
         for table in tables:
             table.admit(ids)  # this block's values count from now on; new ones start warm
@@ -295,13 +322,18 @@ class TorchLearner:
                     idx = self.sharding.part(idx)
                 # index_select, not ids[idx]: advanced indexing was ~3x slower on CPU (profile).
                 with self._autocast():
-                    logits = self.model(ids.index_select(0, idx), dense.index_select(0, idx))
+                    logits = forward(ids.index_select(0, idx), dense.index_select(0, idx))
                 y = labels.index_select(0, idx)
                 for opt in self._optimizers():
                     opt.zero_grad(set_to_none=True)
                 # Per-example gradient sums, as FTRL uses: wide_beta is then in the units of one
                 # example's gradient (Adam is invariant to the scale).
-                if self.sharding is None:
+                if targets is not None:  # multi-task: summed; sharded, the ranks' sums add up
+                    loss = targets.loss(logits, y, idx)
+                    loss.backward()
+                    if self.sharding is not None:
+                        sum_replicated_grads(self.model, self.sharding)
+                elif self.sharding is None:
                     loss = F.binary_cross_entropy_with_logits(logits.float(), y) * idx.numel()
                     loss.backward()
                 else:  # a rank's part may be empty: a sum, and the ranks' sums add up
@@ -328,18 +360,38 @@ class TorchLearner:
 
     def predict_logits(self, examples: Examples) -> np.ndarray:
         """The model's own logits (float64), before calibration."""
-        batch = self.encode(examples)
+        return self._score(self.encode(examples), self._scorer, self.model)
+
+    def predict_tasks(self, examples: Examples) -> np.ndarray:
+        """A multi-task model's ``(n, 2)`` probabilities (float64): [pCTR, pCVR], pCTR as
+        :meth:`predict` gives it (calibrated), pCVR = P(conversion | click); their product is
+        pCTCVR, the impression's probability of converting (:func:`trainers.multitask.task_probabilities`)."""
+        return task_probabilities(self.predict_task_logits(examples), self.calibration)
+
+    def predict_task_logits(self, examples: Examples) -> np.ndarray:
+        """A multi-task model's ``(n, 2)`` logits (float64): click and conversion-after-click."""
+        if not self.multi_task:
+            raise TypeError(f"TorchLearner: {self.cfg.model!r} has one task (clicks): no predict_tasks")
+        eager = cast(Scorer, self.model.task_logits)
+        return self._score(self.encode(examples), self._task_scorer, eager, columns=2)
+
+    def _score(
+        self, batch: EncodedBatch, traced: Scorer | None, eager: Scorer, *, columns: int = 0
+    ) -> np.ndarray:
+        """``traced`` (else ``eager``) over ``batch`` in chunks; ``columns`` 0: one logit per row."""
         out = []
-        forward = self._scorer
+        forward = traced
         if forward is None:
             self.model.eval()  # a walk over every submodule: not for the traced graph (frozen in eval)
-            forward = self.model
+            forward = eager
         with torch.inference_mode(), self._autocast():
             for start in range(0, len(batch), _PREDICT_CHUNK):
                 part = batch[start : start + _PREDICT_CHUNK]
                 logits = forward(self._put(part.ids), self._put(part.dense))
                 out.append(logits.float().cpu().numpy())
-        return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+        if not out:
+            return np.zeros((0, columns) if columns else 0)
+        return np.concatenate(out).astype(np.float64)
 
     def use_inference(self, path: str) -> str:
         """Score through ``path`` (``eager`` or ``torchscript``, :mod:`trainers.inference`) from
@@ -347,15 +399,17 @@ class TorchLearner:
         :meth:`learn` returns to eager (the traced graph would keep the old weights)."""
         if path not in INFERENCE_PATHS:
             raise ValueError(f"TorchLearner.use_inference: {path!r} is not one of {INFERENCE_PATHS}")
-        self._scorer = None
+        self._scorer = self._task_scorer = None
         if path == "torchscript" and self.sharding is None:  # a sharded lookup is a collective
-            self._scorer = frozen_scorer(
-                self.model,
-                n_fields=self.encoder.id_columns,
-                n_dense=len(self.encoder.dense_names),
-                device=self.device,
-                amp_dtype=self._amp_dtype,
-            )
+            dims: dict[str, Any] = {
+                "n_fields": self.encoder.id_columns,
+                "n_dense": len(self.encoder.dense_names),
+            }
+            self._scorer = frozen_scorer(self.model, **dims, device=self.device, amp_dtype=self._amp_dtype)
+            if self._scorer is not None and self.multi_task:  # else the tasks score eagerly too
+                self._task_scorer = frozen_scorer(
+                    self.model, **dims, device=self.device, amp_dtype=self._amp_dtype, tasks=True
+                )
         return self.inference
 
     @property
@@ -374,6 +428,20 @@ class TorchLearner:
         """Serving form of one request: :meth:`predict_rows` of ``Impression(_, _, user_id, item,
         context, dense[k])`` with ``stream_features[k]`` per item (:meth:`Encoder.encode_request`)."""
         return self.predict(self.encoder.encode_request(user_id, item_ids, context, dense, stream_features))
+
+    def predict_request_tasks(
+        self,
+        user_id: str,
+        item_ids: Sequence[str],
+        context: Mapping[str, str],
+        stream_features: Sequence[Mapping[str, float]],
+        dense: Sequence[Mapping[str, float]] | None = None,
+    ) -> np.ndarray:
+        """:meth:`predict_request` of a multi-task model with both tasks: ``(n, 2)`` [pCTR, pCVR]
+        per item (:meth:`predict_tasks`; column 0 is what :meth:`predict_request` returns)."""
+        return self.predict_tasks(
+            self.encoder.encode_request(user_id, item_ids, context, dense, stream_features)
+        )
 
     def predict_rows(
         self, impressions: Sequence[Impression], stream_features: Sequence[Mapping[str, float]]
@@ -406,8 +474,9 @@ class TorchLearner:
         memo: dict[int, Any] = {}
         if frozen:  # deepcopy maps anything already in memo to the memo's value: here None
             memo = {id(o): None for o in self._optimizers()}
-        if self._scorer is not None:  # a traced graph is not copied: use_inference rebuilds one
-            memo[id(self._scorer)] = None
+        for scorer in (self._scorer, self._task_scorer):  # a traced graph is not copied:
+            if scorer is not None:  # use_inference rebuilds one
+                memo[id(scorer)] = None
         twin = copy.deepcopy(self, memo)
         if frozen:
             twin._sparse_opt = twin._wide_opt = twin._linear_opt = twin._dense_opt = None
@@ -453,6 +522,8 @@ class TorchLearner:
         out = self.save(path, optimizer=False)
         if self._scorer is not None:
             save_scorer(self._scorer, out / SCORER_FILE)
+        if self._task_scorer is not None:
+            save_scorer(self._task_scorer, out / TASKS_SCORER_FILE)
         return out
 
     @classmethod
@@ -460,16 +531,18 @@ class TorchLearner:
         """A learner written by :meth:`save_for_serving`, scoring through its saved traced scorer
         when there is one (loaded and warmed: ~3 ms, against ~20-90 ms to trace it again)."""
         learner = cls.load(path, device=device)
-        scorer = Path(path) / SCORER_FILE
+        dims: dict[str, Any] = {
+            "n_fields": learner.encoder.id_columns,
+            "n_dense": len(learner.encoder.dense_names),
+            "hash_buckets": learner.encoder.hash_buckets,
+            "device": learner.device,
+            "amp_dtype": learner._amp_dtype,
+        }
+        scorer, tasks = Path(path) / SCORER_FILE, Path(path) / TASKS_SCORER_FILE
         if scorer.is_file():
-            learner._scorer = load_scorer(
-                scorer,
-                n_fields=learner.encoder.id_columns,
-                n_dense=len(learner.encoder.dense_names),
-                hash_buckets=learner.encoder.hash_buckets,
-                device=learner.device,
-                amp_dtype=learner._amp_dtype,
-            )
+            learner._scorer = load_scorer(scorer, **dims)
+        if tasks.is_file() and learner._scorer is not None and learner.multi_task:
+            learner._task_scorer = load_scorer(tasks, **dims)
         return learner
 
     def unsharded(self, scratch: str | Path) -> TorchLearner | None:

@@ -8,6 +8,10 @@ gradients (:class:`HashedEmbedding`; the optimizer only touches the rows a batch
 first-order weight per hashed value (DeepFM, LR), and ``embedding``, one vector per hashed value
 (DeepFM, DCN-V2). The learner picks each table's optimizer by that name.
 
+A multi-task model (ESMM) also has ``task_logits(ids, dense) -> (n, 2)``, the click and the
+conversion-after-click logits; its ``forward`` stays the click logit, so every click-only path
+(serving, tracing, metrics, the gate) reads it as any other model (:func:`is_multi_task`).
+
 Every model starts as its linear part: first-order weights at 0, the output bias (``output_bias``,
 set by the learner to the first block's base rate), and a deep part whose last layer is 0.
 
@@ -29,12 +33,14 @@ from trainers.sharding import ShardedRows, built_for
 
 __all__ = [
     "DIN",
+    "ESMM",
     "MODELS",
     "DCNv2",
     "DeepFM",
     "HashedEmbedding",
     "LogisticRegression",
     "build_model",
+    "is_multi_task",
     "model_spec",
 ]
 
@@ -234,14 +240,23 @@ class DeepFM(_WithLinearPart):
         self.mlp = _mlp(n_fields * dim + n_dense, spec["hidden"], _zero_linear)
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        v = self.embedding(ids)
+        return self._logit(ids, dense, self.embedding(ids))[0]
+
+    def _logit(
+        self, ids: torch.Tensor, dense: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logit from the fields' vectors ``v``, and the MLP's input (``v`` flat + dense).
+
+        The ops' order is kept as it always was: autograd sums ``v``'s gradients in reverse
+        creation order, and another order changes the weights in their last bits."""
         logit = self.linear_logit(ids, dense)
         # FM identity: sum_{i<j} <v_i, v_j> = ((sum v)^2 - sum v^2) / 2, O(fields * dim).
         s = v.sum(1)
         fm = 0.5 * (s * s - (v * v).sum(1)).sum(1)
-        deep = self.mlp(torch.cat([v.flatten(1), dense], dim=1)).squeeze(1)
+        x = torch.cat([v.flatten(1), dense], dim=1)
+        deep = self.mlp(x).squeeze(1)
         out: torch.Tensor = logit + fm + deep.float()
-        return out
+        return out, x
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         # Versions saved before the wide table was split off kept it as column 0 of ``embedding``.
@@ -250,6 +265,46 @@ class DeepFM(_WithLinearPart):
             state_dict[prefix + "wide.table.weight"] = old[:, :1]
             state_dict[prefix + "embedding.table.weight"] = old[:, 1:]
         super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+class ESMM(DeepFM):
+    """ESMM (Ma et al. 2018): a click tower and a conversion-after-click tower over one embedding.
+
+    The click (CTR) tower is :class:`DeepFM`, built first, so that for a seed it starts with
+    DeepFM's exact weights; ``forward`` is its logit. The conversion (CVR) tower reads the same
+    fields' vectors: its own first-order table ``cvr_wide`` (an item's or a campaign's conversion
+    rate is memorised there, as clicks are in ``wide``), its own bias ``cvr_bias`` and its own MLP
+    (``spec["hidden"]``, last layer at 0). It is trained through pCTCVR = pCTR x pCVR on every
+    impression whose conversion is known (:mod:`trainers.multitask`): the whole impression space,
+    not only the clicked impressions pCVR is served for (the paper's sample-selection-bias fix).
+    ``cvr_bias`` starts at 0 and is set by the learner to the first known conversions-per-click
+    rate (``cvr_started`` records that it was, saved with the weights).
+    """
+
+    cvr_started: torch.Tensor
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__(spec)
+        n_fields, n_dense = int(spec["n_fields"]), int(spec["n_dense"])
+        dim = int(spec["embedding_dim"])
+        self.cvr_wide = _zero_table(int(spec["hash_buckets"]), n_fields, warm_start=_warm(spec))
+        self.cvr_bias = nn.Parameter(torch.zeros(1))
+        self.cvr_mlp = _mlp(n_fields * dim + n_dense, spec["hidden"], _zero_linear)
+        self.register_buffer("cvr_started", torch.zeros((), dtype=torch.bool))
+
+    @property
+    def cvr_output_bias(self) -> torch.Tensor:
+        return self.cvr_bias
+
+    def linear_parameters(self) -> list[nn.Parameter]:
+        """DeepFM's linear part and the conversion tower's bias (per-coordinate rates, as the click bias)."""
+        return [*super().linear_parameters(), self.cvr_bias]
+
+    def task_logits(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """``(n, 2)``: the click logit (``forward``'s, bit for bit) and the conversion-after-click logit."""
+        ctr, x = self._logit(ids, dense, self.embedding(ids))
+        cvr = self.cvr_wide(ids).squeeze(2).sum(1) + self.cvr_bias + self.cvr_mlp(x).squeeze(1).float()
+        return torch.stack([ctr, cvr.float()], dim=1)
 
 
 class DIN(_WithLinearPart):
@@ -379,8 +434,18 @@ MODELS: dict[str, Callable[[Mapping[str, Any]], nn.Module]] = {
     "dcnv2": DCNv2,
     "deepfm": DeepFM,
     "din": DIN,
+    "esmm": ESMM,  # multi-task: clicks and conversions (needs joiner.conversion_window_s > 0)
     "lr": LogisticRegression,
 }
+
+
+def is_multi_task(kind: str) -> bool:
+    """Does model ``kind`` learn conversions too (a ``task_logits`` method)?
+
+    >>> is_multi_task("esmm"), is_multi_task("deepfm")
+    (True, False)
+    """
+    return callable(getattr(MODELS.get(kind), "task_logits", None))
 
 
 def model_spec(

@@ -29,7 +29,9 @@ __all__ = ["TrainerConfig"]
 
 @dataclass(config=CHECKED, repr=False)
 class TrainerConfig(Section):
-    model: ModelName = "deepfm"  # deepfm | dcnv2 | lr | din (needs features.sequence_length > 0)
+    # deepfm | dcnv2 | lr | din (needs features.sequence_length > 0) | esmm (clicks and conversions,
+    # trainers.multitask: needs joiner.conversion_window_s > 0)
+    model: ModelName = "deepfm"
     # din: the newest entries of the user's behaviour sequence it attends over (the examples carry
     # up to features.sequence_length of them)
     sequence_length: SequenceLength = 20
@@ -43,7 +45,7 @@ class TrainerConfig(Section):
     # vector) over the last block's traffic, and starts learning from it; "fresh": a new row (weight
     # 0, a small random vector). Unused with min_count > 0. Chosen on the quality suite (README)
     new_values: NewValues = "field_mean"
-    hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2
+    hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2 (each tower of ESMM)
     lr_dense: Positive = 1e-3  # Adam on the dense parameters
     # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam
     sparse_optimizer: RowOptimizer = "adagrad"  # the embedding vectors
@@ -68,6 +70,10 @@ class TrainerConfig(Section):
     intercept_gain: Share = 0.1
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
+    # esmm: and its conversion logloss (pCTCVR on the holdout's rows of known conversion) the
+    # champion's by this fraction (negative: it must win by that much); a holdout without a
+    # conversion skips that check
+    conversion_gate_tolerance: float = 0.01
     # a block on which the champion's progressive AUC falls below this is refused as corrupt (flipped
     # labels): drift lowers AUC toward 0.5, it does not invert it. 0 turns the check off.
     min_champion_auc: Share = 0.45

@@ -45,7 +45,8 @@ class ConfigError(ValueError):
 
 
 # -- the choices (tests/test_config.py pins each to the constant of the module that acts on it) --
-ModelName = Literal["deepfm", "dcnv2", "lr", "din"]  # trainers.models.MODELS
+# trainers.models.MODELS; esmm (clicks and conversions) needs joiner.conversion_window_s > 0
+ModelName = Literal["deepfm", "dcnv2", "lr", "din", "esmm"]
 Device = Literal["auto", "cpu", "cuda"]  # trainers.learner.resolve_device
 RowOptimizer = Literal["adagrad", "adam", "ftrl"]  # trainers.rowwise
 NewValues = Literal["field_mean", "fresh"]  # trainers.models.HashedEmbedding
