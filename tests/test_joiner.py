@@ -211,7 +211,7 @@ def test_a_clicked_impression_is_corrected_when_its_conversion_window_closes() -
     fix = j.drain()
     assert [(e.example_id, e.label, e.label_ts, e.conversion, e.correction) for e in fix] == [
         ("i3", 0, T0 + 31 * MIN, 0, False),
-        ("i1#cv", 1, T0 + 30 * MIN, 1, True),
+        ("i1#cv", 1, T0 + 61 * MIN, 1, True),  # at its window's end, converted or not
     ]
     assert fix[1].conversion_value == 9.5 and fix[1].stream_features == out[0].stream_features
     assert (j.stats.corrections, j.stats.converted, j.stats.examples) == (1, 1, 3)

@@ -198,7 +198,10 @@ class TrainerDaemon:
                     self.counters["examples"] += 1
                     if not ex.correction:  # the click readout: a correction repeats a click
                         self.ab.add(ex.impression.model_version, ex.label, ex.impression.score)
-                    fresh.append(self.items.attach(ex))  # global item features, in merge order
+                    self.items.attach(ex)  # global item features, in merge order
+                    if self.trainer.skips(ex):  # a correction, the model no conversion learner
+                        continue
+                    fresh.append(ex)
                     if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here

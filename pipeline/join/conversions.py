@@ -11,7 +11,9 @@ that the click rules read on their own. Active when ``joiner.conversion_window_s
   clicked one is emitted when its click window closes (the click label, conversion not final yet)
   and held until ``max(click.ts + conversion_window, impression.ts + attribution_window)``; when the
   watermark passes that, it is emitted again as a *correction*: same impression and features, its
-  final conversion label, example id ``<impression id>#cv``.
+  final conversion label, example id ``<impression id>#cv``, ``label_ts`` that end (when a
+  converted one's label is final too: the trainer places corrections in a block by ``label_ts``,
+  and a time that depended on the label would put the converted ones first).
 
   Why twice rather than once when the longest window closes: the click model would otherwise learn
   every click a conversion window late (24 h by default in ad systems), and the newest blocks would
@@ -120,7 +122,7 @@ class ConversionJoin:
                 LabelledExample(
                     pending.impression,
                     1,
-                    conv[0] if conv is not None else end,
+                    end,  # when the label became final for either value: no label-dependent order
                     pending.features,
                     converted,
                     True,

@@ -21,9 +21,11 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import get_args
 
 from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
+from pipeline.core.config_types import ModelName
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
 from pipeline.sources.worlds import WORLDS, open_world
@@ -97,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--source", type=Path, help="file or folder (OBD: the dataset folder); not for simulator")
     b.add_argument("--format", choices=FORMATS, default="jsonl")
     b.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
-    b.add_argument("--model", choices=["deepfm", "dcnv2", "lr", "din", "esmm"], help="default: config (deepfm)")
+    b.add_argument("--model", choices=get_args(ModelName), help="default: config (deepfm)")
     b.add_argument("--attribution-window", type=float, help="seconds (default: config, 900)")
     b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
     b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")

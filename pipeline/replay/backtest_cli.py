@@ -48,15 +48,27 @@ def backtest(cfg: Config, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if cfg.trainer.model == "esmm" and not cfg.joiner.conversion_window_s:
-        cfg.joiner.conversion_window_s = 86_400.0
+        # a simulated hour holds ~180k impressions: a day's window would close only at the end
+        cfg.joiner.conversion_window_s = 3_600.0 if args.format == "simulator" else 86_400.0
         print(
-            "ctr: --model esmm learns conversions: joiner.conversion_window_s set to 86400 for this "
-            "backtest (set it in the config to choose)",
+            f"ctr: --model esmm learns conversions: joiner.conversion_window_s set to "
+            f"{cfg.joiner.conversion_window_s:.0f} for this backtest (set it in the config to choose)",
             file=sys.stderr,
         )
     if args.attribution_window is not None:
         cfg.joiner.attribution_window_s = args.attribution_window
     sim = args.format == "simulator"
+    if (
+        cfg.trainer.model == "esmm"
+        and sim
+        and args.world == "simulator"
+        and not cfg.simulator.conversion_rate
+    ):
+        cfg.simulator.conversion_rate = 0.1
+        print(
+            "ctr: --model esmm: the simulator converts 10% of clicks (simulator.conversion_rate)",
+            file=sys.stderr,
+        )
     if args.world != "simulator" and not sim:
         print(f"ctr: --world is for --format simulator, not {args.format}", file=sys.stderr)
         return 2

@@ -112,6 +112,8 @@ class OnlineLoop:
             self.on_examples(examples)  # as the joiner writes them to Kafka
         self.items.attach(examples)
         self.result.examples += len(examples)
+        if any(ex.correction for ex in examples):  # corrections a click-only model does not learn
+            examples = [ex for ex in examples if not self.trainer.skips(ex)]
         position = self.source.snapshot()
         while examples:
             # hand over at most one block per call, so each block's clock starts when *it* is full

@@ -56,6 +56,9 @@ def block_row(report: BlockReport, learners: Sequence[str]) -> dict[str, Any]:
         metrics = groups.get(name) or {}
         for m in METRICS:
             row[f"{name}_{m}"] = metrics.get(m, math.nan)
+    if "cvr_auc" in report.online:  # a multi-task model: its conversion task too (trainers.multitask)
+        row["corrections"] = report.corrections
+        row |= {f"online_{k}": v for k, v in report.online.items() if k.startswith("cvr_")}
     row["gate_accepted"] = int(report.decision.accepted)
     row["scored_by_version"] = report.parent_version or ""
     row["version"] = report.version or ""
