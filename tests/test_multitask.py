@@ -203,6 +203,21 @@ def test_esmm_learns_conversions_and_click_metrics_exclude_corrections() -> None
     assert auc(truth > 0.5, p_cvr) > 0.9
 
 
+def test_a_block_is_train_every_click_examples_whatever_the_model() -> None:
+    """Corrections ride along: ESMM's blocks hold the same click examples as DeepFM's (the quality
+    suite compares them block by block), and cut() says where the current block ends."""
+    data = conversion_stream(9_000)
+    esmm, deepfm = IncrementalTrainer(cfg(), None), IncrementalTrainer(cfg("deepfm"), None)
+    assert sum(not ex.correction for ex in data[: esmm.cut(data)]) == esmm.needed
+    got, want = [], []
+    for part in (data[:1_234], data[1_234:5_000], data[5_000:]):
+        got += esmm.add(part)
+        want += deepfm.add([ex for ex in part if not deepfm.skips(ex)])
+    assert [r.examples - r.corrections for r in got] == [r.examples for r in want]
+    assert [r.positives for r in got] == [r.positives for r in want]
+    assert sum(r.corrections for r in got) > 0 and esmm.needed == deepfm.needed
+
+
 def test_esmm_runs_are_deterministic_on_cpu() -> None:
     data = conversion_stream(4_500)
 

@@ -198,6 +198,7 @@ class IncrementalTrainer:
         self.static: TorchLearner | None = None
         self.blocks = 0
         self._buffer: list[LabelledExample] = []
+        self._clicks_buffered = 0  # of which not corrections: what a block counts (needed)
         # the buffer's first examples, encoded as they arrived by ``_encoded_with``
         # (the champion's encoder then): a closing block only encodes its last call's examples
         self._encoded: list[EncodedBatch] = []
@@ -223,8 +224,19 @@ class IncrementalTrainer:
 
     @property
     def needed(self) -> int:
-        """Examples still needed to close the current block."""
-        return self.cfg.train_every - len(self._buffer)
+        """Examples still needed to close the current block (corrections do not count: a block is
+        ``train_every`` click examples and the corrections that came among them)."""
+        return self.cfg.train_every - self._clicks_buffered
+
+    def cut(self, examples: Sequence[LabelledExample]) -> int:
+        """How many of ``examples`` (to be added next) fill the current block: up to and including
+        the one that closes it, or all of them."""
+        need = self.needed
+        for i, ex in enumerate(examples):
+            need -= not ex.correction
+            if need == 0:
+                return i + 1
+        return len(examples)
 
     def skips(self, ex: LabelledExample) -> bool:
         """Is ``ex`` a correction this trainer does not learn (a single-task champion)? Counted if
@@ -241,12 +253,17 @@ class IncrementalTrainer:
         if any(ex.correction for ex in examples):
             examples = [ex for ex in examples if not self.skips(ex)]
         self._buffer.extend(examples)
+        self._clicks_buffered += sum(not ex.correction for ex in examples)
         if position is not None:
             self._position = position
         self._encode_ahead()
         reports = []
-        while len(self._buffer) >= self.cfg.train_every:
-            reports.append(self._run_block(*self._take(self.cfg.train_every)))
+        while self._clicks_buffered >= self.cfg.train_every:
+            n, need = 0, self.cfg.train_every  # up to the train_every-th click example
+            while need:
+                need -= not self._buffer[n].correction
+                n += 1
+            reports.append(self._run_block(*self._take(n)))
         return reports
 
     def flush(self, min_examples: int = 2) -> list[BlockReport]:
@@ -280,6 +297,7 @@ class IncrementalTrainer:
         """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
         block = self._buffer[:n]
         del self._buffer[:n]
+        self._clicks_buffered -= sum(not ex.correction for ex in block)
         if self._encoded_rows < n:  # not encoded ahead (block 1)
             self._encoded = []
             return block, None, None

@@ -190,6 +190,7 @@ class TrainerDaemon:
                     self.dead_reasons[letter.reason] += 1
                 self._offer(batch.examples, batch.where, now)
                 fresh: list[LabelledExample] = []  # handed to the trainer a block boundary at a time
+                clicks = 0
                 for ex, p, after in self.merge.pop_tagged(functools.partial(self._idle, now=now)):
                     self.pos[f"{self.source.topic}:{p}"] = after
                     if not self.seen.take(ex):
@@ -202,12 +203,13 @@ class TrainerDaemon:
                     if self.trainer.skips(ex):  # a correction, the model no conversion learner
                         continue
                     fresh.append(ex)
-                    if len(fresh) == self.trainer.needed:  # ex closes a block: exactly here
+                    clicks += not ex.correction  # what a block counts (trainer.needed)
+                    if not ex.correction and clicks == self.trainer.needed:  # ex closes a block: exactly here
                         self._closing_pos = dict(self.pos)
                         self.block_closed_at = time.time()  # lineage tag: freshness starts here
                         for report in self._add(fresh, lineage(block_from, self.pos)):
                             self._block_done(report)
-                        block_from, fresh = dict(self.pos), []
+                        block_from, fresh, clicks = dict(self.pos), [], 0
                 self._add(fresh)  # fewer than a block: buffered (and encoded) now
                 if batch.dead:
                     self.dead.flush()

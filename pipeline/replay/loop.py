@@ -117,7 +117,8 @@ class OnlineLoop:
         position = self.source.snapshot()
         while examples:
             # hand over at most one block per call, so each block's clock starts when *it* is full
-            chunk, examples = examples[: self.trainer.needed], examples[self.trainer.needed :]
+            cut = self.trainer.cut(examples)
+            chunk, examples = examples[:cut], examples[cut:]
             handed_at = time.time()
             for report in self.trainer.add(chunk, position=position):
                 timing = BlockTiming(report, handed_at)
