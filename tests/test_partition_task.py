@@ -145,6 +145,18 @@ def test_resume_with_conversions_held_reemits_identical_examples(stop_after: int
     assert (len(held) > 0, any(len(p) == 4 for p in held)) == (stop_after >= 20, stop_after >= 60)
 
 
+def test_conversions_not_joined_change_nothing_but_their_count() -> None:
+    """Offered ahead of the merge (no conversion stream), their times must not move the watermark."""
+    imps, clicks = streams()
+    convs = with_conversions(clicks)
+    plain = play(PartitionTask(Config(), 0), imps, clicks, seed=3)
+    task = PartitionTask(Config(), 0)
+    for k, v in enumerate(convs):  # all of them first: their times are ahead of every impression's
+        task.offer("conversion", k, v)
+    assert play(task, imps, clicks, seed=3) == plain
+    assert task.joiner.stats.ignored_conversions == task.joiner.stats.conversions == len(convs)
+
+
 def test_a_task_counts_its_users_only() -> None:
     """An item's traffic is in every partition: its counts are the item stage's (features.item_stage)."""
     task = PartitionTask(Config(), 2)

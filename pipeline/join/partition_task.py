@@ -81,9 +81,10 @@ class PartitionTask:
         never processes an event twice.
         """
         s = self.streams.get(kind)
-        if s is None:  # a conversion, not joined (stream_kinds): counted
-            if event is not None:
-                self.joiner.process(event)
+        if s is None:  # a conversion, not joined (stream_kinds): counted, and nothing else (not
+            if event is not None:  # merged: its time must not move the watermark)
+                self.joiner.stats.conversions += 1
+                self.joiner.stats.ignored_conversions += 1
             return
         if offset < s.offered_upto:
             return
