@@ -26,13 +26,17 @@ so closing a block only encodes the last call's examples (the result is the same
 examples arrived); most of the encoding happens while the block is still filling.
 
 Conversions (:mod:`trainers.multitask`): a multi-task champion (ESMM) learns every row, corrections
-included, and a correction takes its place in the block at its ``label_ts`` (when its conversion
-window closed and it was emitted), not at its old impression time: the holdout then holds the
-conversions that were last to be known, as it holds the newest clicks. Click metrics, calibration,
-the click gate, ``static``'s and the baselines' scores (click models, all of them) read the rows
-that are not corrections; conversion metrics (``cvr_*``, merged into ``online``, ``static``,
-``candidate`` and ``champion``: in MLflow ``online.cvr_auc``, ``holdout.cvr_logloss``, ...) score
-pCTCVR over the rows of known conversion, and the gate also checks them
+included, and a correction keeps the place it arrived in (the time of the click example it came
+after), not its old impression time, which would put every correction in the oldest part of the
+block, nor its emission time, a clock some 20 minutes ahead of the click examples' impression
+times, which would put them all in the holdout: either way the holdout would not be a sample of
+the impression space. A block's known conversions are then the never-clicked impressions of its
+time and the clicked impressions of a conversion window earlier, in proportion in a steady stream.
+Click metrics, calibration, the click gate, ``static``'s and the baselines' scores (click models,
+all of them) read the rows that are not corrections; conversion metrics (``cvr_*``, merged into
+``online``, ``static``, ``candidate`` and ``champion``: in MLflow ``online.cvr_auc``,
+``holdout.cvr_logloss``, ...) score pCTCVR over the rows of known conversion, and the gate also
+checks them
 (``trainer.conversion_gate_tolerance``). A single-task champion never sees a correction: they are
 dropped as they arrive (not counting towards ``train_every``) and counted in
 :attr:`BlockReport.corrections_skipped`. Without conversions nothing of this changes a block.
@@ -311,12 +315,7 @@ class IncrementalTrainer:
     ) -> BlockReport:
         self.blocks += 1
         adopted = self._follow_alias()
-        # a correction at the time its conversion became final (module docstring)
-        ts = np.fromiter(
-            (ex.label_ts if ex.correction else ex.impression.ts for ex in block),
-            dtype=np.int64,
-            count=len(block),
-        )
+        ts = _block_times(block)
         order = np.argsort(ts, kind="stable")  # stable: newest last, for the holdout
         block = [block[i] for i in order]
         if self.champion is None:
@@ -507,6 +506,18 @@ class IncrementalTrainer:
             "gate_reason": report.decision.reason,
             "model": self.cfg.model,
         } | ({"corrections": report.corrections} if self.learns_conversions else {})
+
+
+def _block_times(block: Sequence[LabelledExample]) -> np.ndarray:
+    """Each example's place in time in its block: its impression's time; a correction's, the time of
+    the click example it arrived after (module docstring)."""
+    ts = np.empty(len(block), dtype=np.int64)
+    last = next((ex.impression.ts for ex in block if not ex.correction), 0)
+    for i, ex in enumerate(block):
+        if not ex.correction:
+            last = ex.impression.ts
+        ts[i] = last
+    return ts
 
 
 def _rows(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:

@@ -51,7 +51,7 @@ from trainers.calibration import IDENTITY, apply_platt
 from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer, load_scorer, save_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
-from trainers.multitask import TaskTargets, start_cvr_at_base_rate, task_probabilities
+from trainers.multitask import TaskTargets, conversions_to_learn, start_cvr_at_base_rate, task_probabilities
 from trainers.rowwise import LinearAdagrad, LinearFtrl, RowwiseAdagrad, RowwiseAdam, RowwiseFtrl
 from trainers.sharding import (
     RowSharding,
@@ -301,7 +301,8 @@ class TorchLearner:
         forward: Scorer = self.model
         if multi:
             start_cvr_at_base_rate(self.model, targets_y, batch.conversions)
-            conv = None if batch.conversions is None else self._put(batch.conversions)
+            learnt = conversions_to_learn(self.model, batch.conversions)
+            conv = None if learnt is None else self._put(learnt)
             weights = None if clicks is None else self._put(clicks.astype(np.float32))
             targets, forward = TaskTargets(conv, weights), cast(Scorer, self.model.task_logits)
         ids, dense, labels = self._put(batch.ids), self._put(batch.dense), self._put(targets_y)

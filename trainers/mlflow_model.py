@@ -9,7 +9,11 @@ Input (the model's signature): a pandas DataFrame or a list of dicts, one row pe
 ``user_id``, ``item_id``, ``features`` (str -> str), ``dense`` (str -> float) and
 ``stream_features`` (str -> float); the maps may be empty but must be there; and, optional, the
 user's behaviour sequence ``user_clicked_items`` (item ids, newest first: what DIN attends over).
-Output: a numpy array of click probabilities.
+Output: a numpy array of click probabilities; for a multi-task model (ESMM, :mod:`trainers.multitask`)
+a DataFrame with two columns, ``probability`` (the click probability, the same numbers) and
+``conversion_probability`` (pCVR: P(conversion | click); pCTR x pCVR is the impression's
+probability of converting), named as the scoring API names them (``probabilities``,
+``conversion_probabilities``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from mlflow.pyfunc import PythonModel
 from pipeline.core.events import Impression
 from trainers.encoding import SEQUENCE_KEY
 
-__all__ = ["CtrPyfuncModel", "rows_from_records"]
+__all__ = ["CONVERSION_COLUMN", "PROBABILITY_COLUMN", "CtrPyfuncModel", "rows_from_records"]
+
+PROBABILITY_COLUMN = "probability"  # a multi-task model's output: the click probability
+CONVERSION_COLUMN = "conversion_probability"  # and pCVR beside it
 
 
 def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression, Mapping[str, Any]]]:
@@ -54,7 +61,8 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 class CtrPyfuncModel(PythonModel):
-    """Loads the learner folder artifact; predicts click probabilities for impression records."""
+    """Loads the learner folder artifact; predicts click probabilities for impression records (and
+    conversion probabilities after a click, for a multi-task model)."""
 
     def load_context(self, context: Any) -> None:
         from trainers.learner import TorchLearner  # imported lazily: MLflow loads this file first
@@ -65,7 +73,11 @@ class CtrPyfuncModel(PythonModel):
     # hints would make it validate and convert); a list of dicts is accepted as well.
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
         records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
-        return self.learner.predict(rows_from_records(records))
+        rows = rows_from_records(records)
+        if not self.learner.multi_task:
+            return self.learner.predict(rows)
+        both = self.learner.predict_tasks(rows)  # one forward; column 0 is what predict gives
+        return pd.DataFrame({PROBABILITY_COLUMN: both[:, 0], CONVERSION_COLUMN: both[:, 1]})
 
 
 mlflow.models.set_model(CtrPyfuncModel())

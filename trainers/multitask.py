@@ -53,6 +53,7 @@ __all__ = [
     "both_tasks",
     "conversion_gate",
     "conversion_metrics",
+    "conversions_to_learn",
     "log1mexp",
     "multitask_loss",
     "start_cvr_at_base_rate",
@@ -93,7 +94,8 @@ def multitask_loss(
         return loss
     known = ~torch.isnan(conversions)
     target = torch.nan_to_num(conversions, nan=0.0)
-    log_p = (F.logsigmoid(ctr) + F.logsigmoid(cvr)).clamp(max=_LOG_P_MAX)
+    # pCTR enters pCTCVR as a constant: the click tower learns from clicks only (stop-gradient)
+    log_p = (F.logsigmoid(ctr).detach() + F.logsigmoid(cvr)).clamp(max=_LOG_P_MAX)
     per_row = -(target * log_p + (1.0 - target) * log1mexp(log_p))
     return loss + (per_row * known.to(per_row.dtype)).sum()
 
@@ -125,18 +127,32 @@ def task_probabilities(logits: np.ndarray, calibration: tuple[float, float]) -> 
 def start_cvr_at_base_rate(model: nn.Module, labels: np.ndarray, conversions: np.ndarray | None) -> None:
     """Set the CVR tower's bias to the logit of the conversions-per-click rate of the first block
     that has clicked impressions with a known conversion (shrunk towards 1/2 by one pseudo-count
-    each, as the click bias), once: the model's ``cvr_started`` buffer records it. Before such a
-    block the tower has only seen never-clicked impressions (conversion 0): no rate to start from."""
+    each, as the click bias), once: the model's ``cvr_started`` buffer records it. The first such
+    block whose corrections number at least half its clicked impressions: in a stream's first
+    conversion window the corrections trail the clicks (they come a window later), and a block of
+    that window has many never-clicked impressions (conversion 0) and few clicked ones' labels."""
     started = getattr(model, "cvr_started", None)
     if conversions is None or not isinstance(started, torch.Tensor) or bool(started):
         return
-    clicked = (labels > 0.5) & ~np.isnan(conversions)
+    clicked = (labels > 0.5) & ~np.isnan(conversions)  # corrections
     m = int(clicked.sum())
-    if m == 0:
-        return
+    if m == 0 or m < 0.5 * int(((labels > 0.5) & np.isnan(conversions)).sum()):
+        return  # the corrections have not caught up with the clicks yet (the stream's first window)
     rate = (float(conversions[clicked].sum()) + 1.0) / (m + 2.0)
     model.cvr_output_bias.fill_(math.log(rate / (1.0 - rate)))  # type: ignore[operator]
     started.fill_(True)
+
+
+def conversions_to_learn(model: nn.Module, conversions: np.ndarray | None) -> np.ndarray | None:
+    """The conversion targets a block's CTCVR loss reads: none before the CVR tower has started
+    (:func:`start_cvr_at_base_rate`, called first). Until a clicked impression's conversion has come,
+    every known target is the 0 of a never-clicked impression, known at once, while the clicked
+    ones' arrive a conversion window later: learning from those alone drives pCVR to 0 (measured:
+    mean pCTCVR 1e-7 after the first blocks of a run), a bias the stream's steady state never has."""
+    started = getattr(model, "cvr_started", None)
+    if conversions is None or not isinstance(started, torch.Tensor) or bool(started):
+        return conversions
+    return None
 
 
 def conversion_metrics(labels: np.ndarray, conversions: np.ndarray | None, p: np.ndarray) -> dict[str, float]:
