@@ -23,7 +23,8 @@ Open loop: request *k* is due at ``t0 + k / rate`` whatever happened before; its
 from that due time to the last byte of the answer, so a stall shows up in the tail instead of
 slowing the load down (no coordinated omission). ``--threads`` client threads with keep-alive
 connections send the requests. The model is DeepFM (``--model`` for another; with ``din`` the users
-have behaviour sequences, which the replica reads too), ``--buckets`` hashed rows.
+have behaviour sequences, which the replica reads too; ``esmm`` is trained on impressions with
+conversions and answers pCVR beside pCTR, ``conversion_probabilities``), ``--buckets`` hashed rows.
 
 Prints a table and writes ``benchmarks/results/serving.json`` (``p50_ms``, ``p99_ms``,
 ``p999_ms``, ``qps``, ``errors``, ``p99_during_swap_ms``, ``feast_sdk_p99_ms`` and per-phase detail).
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--model",
         default="deepfm",
-        help="trainers.models.MODELS name; din: users get behaviour sequences too",
+        help="trainers.models.MODELS name; din: users get behaviour sequences too; "
+        "esmm: trained with conversions, answers pCVR too",
     )
     p.add_argument("--swap-every", type=float, default=2.0, help="seconds between alias flips (swap phase)")
     p.add_argument("--feature-reads", type=int, default=1_000, help="in-process feature reads per path")
@@ -151,11 +153,33 @@ def publish_versions(args: argparse.Namespace, model_name: str, experiment: str)
     for seed in (1, 2):
         cfg = TrainerConfig(model=args.model, hash_buckets=args.buckets, device="cpu", seed=seed)
         examples = synthetic_examples(2_000, seed=seed)
+        if args.model == "esmm":
+            examples = with_conversions(examples, seed)
         learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
         learner.learn(examples)
         versions.append(store.publish(learner, {"block": seed}, {"logloss": 0.5}))
     store.set_alias("champion", versions[0])
     return versions
+
+
+def with_conversions(examples: list[Any], seed: int) -> list[Any]:
+    """``examples`` as the joiner emits them with conversions joined (``--model esmm``): a
+    never-clicked impression once (conversion 0), a clicked one twice (conversion unknown, then its
+    correction with the final conversion, ~10% of clicks converting)."""
+    from pipeline.core.events import LabelledExample
+
+    rng = random.Random(seed)
+    out: list[Any] = []
+    for ex in examples:
+        if not ex.label:
+            out.append(LabelledExample(ex.impression, 0, ex.label_ts, ex.stream_features, 0))
+            continue
+        converted = int(rng.random() < 0.1)
+        correction = LabelledExample(
+            ex.impression, 1, ex.label_ts + 60_000, ex.stream_features, converted, True
+        )
+        out += [ex, correction]
+    return out
 
 
 def free_port() -> int:
@@ -315,15 +339,14 @@ def floor(
         req = json.loads(bodies[i % len(bodies)])
         user = pseudo(req["user_id"])
         feats = reader.get(user, list(req["items"]))
-        probs = learner.predict_request(user, req["items"], req["context"], feats)
-        json.dumps(
-            {
-                "version": version,
-                "arm": "champion",
-                "replica": "r",
-                "probabilities": [float(p) for p in probs],
-            }
-        )
+        answer: dict[str, Any] = {"version": version, "arm": "champion", "replica": "r"}
+        if learner.multi_task:  # as the replica scores it: one forward for both tasks
+            both = learner.predict_request_tasks(user, req["items"], req["context"], feats)
+            answer |= {"probabilities": both[:, 0].tolist(), "conversion_probabilities": both[:, 1].tolist()}
+        else:
+            probs = learner.predict_request(user, req["items"], req["context"], feats)
+            answer["probabilities"] = [float(p) for p in probs]
+        json.dumps(answer)
         times.append((time.perf_counter() - t) * 1000.0)
         cpu.append((time.thread_time() - c) * 1000.0)
     return percentiles(times) | {"cpu_ms": round(float(np.median(cpu)), 3)}
@@ -596,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             "client_threads": args.threads,
             "load_client": load_client(),
             "serving_workers": args.workers or "default",
-            "model": f"deepfm, {args.buckets} hashed rows, default dims",
+            "model": f"{args.model}, {args.buckets} hashed rows, default dims",
             "cpus": os.cpu_count(),
             "loadavg_at_end": os.getloadavg(),
             "python": platform.python_version(),

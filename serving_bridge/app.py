@@ -2,7 +2,8 @@
 
 - ``POST /score`` ``{"user_id", "context", "items", "dense"}`` -> ``{"version", "arm", "replica",
   "probabilities"}`` (an item is an id or ``{"id", "dense"}``), validated by the pydantic models
-  of :mod:`serving_bridge.openapi`;
+  of :mod:`serving_bridge.openapi`; a multi-task model's answer has ``"conversion_probabilities"``
+  too (pCVR per candidate), a click-only model's has no such key;
 - ``GET /openapi.json`` (generated from those models), ``/healthz``, ``/readyz`` (503 until a model
   is loaded), ``/version``, ``/metrics``.
 
@@ -290,6 +291,12 @@ class ScoringApp:
             return _error(500, "internal error while scoring; see the replica's log")
         self.scored.labels(arm=arm, version=result.version).inc()
         answer = ScoreResponse(
-            version=result.version, arm=arm, replica=result.replica, probabilities=result.probabilities
+            version=result.version,
+            arm=arm,
+            replica=result.replica,
+            probabilities=result.probabilities,
+            conversion_probabilities=result.conversions,
         )
-        return _model(200, answer)
+        # exclude_none: a click-only model's answer has no conversion_probabilities (the schema's
+        # optional, non-nullable field); no other field of ScoreResponse can be None
+        return Response(answer.model_dump_json(exclude_none=True).encode(), 200, media_type=_JSON)

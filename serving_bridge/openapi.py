@@ -23,6 +23,7 @@ import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
     "MAX_CONTEXT_ENTRIES",
@@ -47,13 +48,29 @@ Text = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
 Number = Annotated[float, Field(allow_inf_nan=False)]  # a dense input: a JSON number (1 or 1.5), finite
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # the field is left out, never null: "default": null would say otherwise
+
+
 class ScoreResponse(BaseModel):
-    """One probability per candidate, in the request's order, and what made them."""
+    """One probability per candidate, in the request's order, and what made them.
+
+    ``conversion_probabilities`` is there only when the version that scored predicts conversions
+    (a multi-task model, ESMM): the answer is sent with ``exclude_none``, so a click-only model's
+    answer has no such key (not a null), and the schema lists it as optional and not nullable.
+    """
 
     version: str = Field(description="the model version that made every score")
     arm: Literal["champion", "challenger"] = Field(description="the A/B arm that scored")
     replica: str
-    probabilities: list[float]
+    probabilities: list[float] = Field(description="click probability (pCTR) per candidate, in order")
+    conversion_probabilities: list[float] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="conversion probability after a click (pCVR, P(conversion | click)) per candidate, "
+        "in the order of probabilities; pCTR x pCVR is the impression's probability of converting. "
+        "Absent (not null) when the model predicts clicks only",
+        json_schema_extra=_no_default,
+    )
 
 
 class ErrorBody(BaseModel):
@@ -126,7 +143,7 @@ def score_request_model(max_candidates: int = 1_000) -> type[BaseModel]:
 # model "object" is any JSON object (this document), "text" Prometheus's text format
 Answers = dict[str, tuple[str, str] | tuple[str, str, str]]
 _SCORE_ANSWERS: Answers = {
-    "200": ("one probability per candidate", "ScoreResponse"),
+    "200": ("one probability per candidate (and its pCVR, for a multi-task model)", "ScoreResponse"),
     "400": ("bad JSON or a body that does not match ScoreRequest", "ErrorBody"),
     "401": ("missing or wrong bearer token (when the replica has one)", "ErrorBody", "WWW-Authenticate"),
     "405": ("a method other than POST", "ErrorBody", "Allow"),

@@ -8,6 +8,11 @@ the replica on its current version; the failure is counted and retried after a b
 
 The replica learns about a new version by polling the store (``poll_interval_s``) or by
 :meth:`notify` (the trainer's push), whichever comes first.
+
+A multi-task version (a learner whose ``multi_task`` is true: ESMM, :mod:`trainers.multitask`) is
+scored by one ``predict_request_tasks`` call per request, which gives the click probabilities and,
+beside them, each candidate's pCVR (:attr:`ScoreResult.conversions`); a click-only version is scored
+as before, with nothing more to do per request.
 """
 
 from __future__ import annotations
@@ -42,13 +47,16 @@ class LoadedModel:
     version: str
     learner: Any
     loaded_at: float
+    multi_task: bool = False  # the learner predicts conversions too (read once, at the swap)
 
 
 @dataclass(frozen=True)
 class ScoreResult:
     version: str  # the model version that made every probability of this response
     replica: str
-    probabilities: list[float]
+    probabilities: list[float]  # pCTR per candidate, in the request's order
+    # pCVR per candidate, P(conversion | click) (pCTCVR = pCTR x pCVR); None: a click-only model
+    conversions: list[float] | None = None
 
 
 @dataclass
@@ -144,7 +152,8 @@ class Replica:
                     "replica %s: version %s failed to load; staying on %s", self.name, target, self.version
                 )
                 return False
-            self._current = LoadedModel(target, learner, time.time())  # the swap: one reference
+            multi_task = bool(getattr(learner, "multi_task", False))
+            self._current = LoadedModel(target, learner, time.time(), multi_task)  # the swap: one reference
             self.swaps.append((target, time.time()))
             log.info("replica %s: now serving version %s", self.name, target)
             if self.on_swap is not None:
@@ -156,6 +165,10 @@ class Replica:
         p = learner.predict_request("u_warmup", ["warmup"], {}, [{}])
         if len(p) != 1:
             raise RuntimeError("warm-up request returned the wrong number of scores")
+        if getattr(learner, "multi_task", False):  # the path its requests take (a traced graph of its own)
+            tasks = learner.predict_request_tasks("u_warmup", ["warmup"], {}, [{}])
+            if tasks.shape != (1, 2):
+                raise RuntimeError(f"warm-up request returned task scores of shape {tasks.shape}, not (1, 2)")
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(
@@ -165,9 +178,9 @@ class Replica:
         item_ids: Sequence[str],
         dense: Sequence[Mapping[str, float]] | None = None,
     ) -> ScoreResult:
-        """Click probability of ``user_id`` for each candidate item, features included; ``dense``:
-        each item's numeric impression inputs (``Impression.dense``; none: all missing, as in
-        training)."""
+        """Click probability of ``user_id`` for each candidate item, features included (and its
+        conversion probability after a click, for a multi-task model); ``dense``: each item's
+        numeric impression inputs (``Impression.dense``; none: all missing, as in training)."""
         current, user = self._begin(user_id)
         feats = None if self.features is None else self.features.get(user, list(item_ids))
         return self._finish(current, user, context, item_ids, feats, dense)
@@ -205,5 +218,8 @@ class Replica:
         if dense is not None and len(dense) != len(item_ids):
             raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
         stream = [{}] * len(item_ids) if feats is None else feats
+        if current.multi_task:  # one forward for both tasks; column 0 is predict_request's pCTR
+            both = current.learner.predict_request_tasks(user, item_ids, context, stream, dense)
+            return ScoreResult(current.version, self.name, both[:, 0].tolist(), both[:, 1].tolist())
         probs = current.learner.predict_request(user, item_ids, context, stream, dense)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])

@@ -1,10 +1,12 @@
 """Versions prepared for serving by a helper process (serving_bridge.model_cache), against an
 embedded MLflow registry (sqlite) and real helper processes: what a worker loads is the version the
 registry holds, traced as ``serving.inference`` says; the workers of a host prepare each version
-once; failures reach the worker with their reason; a dead helper is replaced."""
+once; failures reach the worker with their reason; a dead helper is replaced. A multi-task version
+(ESMM) prepared and loaded the same way serves its pCVR beside the click probabilities."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,12 +18,12 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import RegistryConfig, TrainerConfig
-from pipeline.core.events import Impression
+from pipeline.core.events import Impression, LabelledExample
 from serving_bridge import model_cache
 from serving_bridge.model_cache import ModelHelper, PreparedModelStore
 from serving_bridge.replica import Replica
 from trainers.encoding import Encoder
-from trainers.learner import SCORER_FILE, TorchLearner
+from trainers.learner import SCORER_FILE, TASKS_SCORER_FILE, TorchLearner
 from trainers.registry import MlflowModelStore
 from trainers.testing import synthetic_examples
 
@@ -34,6 +36,47 @@ def _trained(seed: int) -> TorchLearner:
     learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
     learner.learn(examples)
     return learner
+
+
+def with_conversions(examples: list[LabelledExample], seed: int = 0) -> list[LabelledExample]:
+    """``examples`` as the joiner emits them with conversions joined: a never-clicked impression
+    once (conversion 0), a clicked one twice (conversion unknown, then its correction with the final
+    conversion); a third of the items convert 60% of their clicks, the others 5%."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for ex in examples:
+        if not ex.label:
+            out.append(dataclasses.replace(ex, conversion=0))
+            continue
+        rate = 0.6 if int(ex.impression.item_id.removeprefix("item")) % 3 == 0 else 0.05
+        end = ex.label_ts + 100_000
+        converted = int(rng.random() < rate)
+        out += [ex, LabelledExample(ex.impression, 1, end, ex.stream_features, converted, True)]
+    return out
+
+
+def esmm_learner(seed: int = 0, n: int = 600) -> TorchLearner:
+    """A small ESMM (clicks and conversions) fitted on ``n`` synthetic impressions with conversions."""
+    cfg = TrainerConfig(
+        model="esmm", hash_buckets=1 << 10, embedding_dim=4, hidden=(8,), device="cpu", seed=seed, threads=1
+    )
+    examples = with_conversions(synthetic_examples(n, seed=seed), seed)
+    learner = TorchLearner(cfg, Encoder.for_trainer(cfg).fit(examples))
+    learner.learn(examples)
+    return learner
+
+
+class _OneVersion:
+    """A store holding one version under ``champion``."""
+
+    def __init__(self, learner: TorchLearner) -> None:
+        self.learner = learner
+
+    def resolve(self, alias: str) -> str | None:
+        return "1" if alias == "champion" else None
+
+    def load(self, version: str) -> TorchLearner:
+        return self.learner
 
 
 def _probs(learner: TorchLearner) -> np.ndarray:
@@ -211,3 +254,60 @@ def test_a_version_prepared_twice_at_once_is_served_not_failed(
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
     cache = PreparedModelStore(store, tmp_path / "models", None, inference="eager")  # type: ignore[arg-type]
     np.testing.assert_array_equal(_probs(cache.load(v1)), _probs(store.load(v1)))
+
+
+def _score_both(replica: Replica, learner: TorchLearner) -> None:
+    """The replica's answer for 20 candidates: pCTR is ``predict_request``'s, pCVR column 1 of
+    ``predict_request_tasks`` (what ``learner``, the version it serves, gives for the request)."""
+    items, ctx = ITEMS[:20], {"site": "site1", "device": "dev0"}
+    scored = replica.score("u_1", ctx, items)
+    assert scored.conversions is not None and len(scored.conversions) == len(scored.probabilities) == 20
+    assert all(0.0 <= p <= 1.0 for p in scored.conversions)
+    stream = [{}] * len(items)
+    tasks = learner.predict_request_tasks("u_1", items, ctx, stream)
+    assert scored.conversions == [float(p) for p in tasks[:, 1]]
+    clicks = learner.predict_request("u_1", items, ctx, stream)
+    if learner.inference == "eager":
+        assert scored.probabilities == [float(p) for p in clicks]
+    else:  # two traced graphs (forward, task logits): the same arithmetic, but not pinned bit for bit
+        np.testing.assert_allclose(scored.probabilities, clicks, rtol=0, atol=1e-6)
+    assert len(set(scored.conversions)) > 1  # the conversion tower learned something per item
+
+
+@pytest.mark.parametrize("inference", ["eager", "torchscript"])
+def test_an_esmm_version_served_by_a_replica_answers_pctr_and_pcvr(tmp_path: Path, inference: str) -> None:
+    trained = esmm_learner(seed=2)
+    assert trained.use_inference(inference) == inference
+    served = TorchLearner.load_for_serving(trained.save_for_serving(tmp_path / "v"))
+    assert served.inference == inference and served.multi_task
+    assert (tmp_path / "v" / TASKS_SCORER_FILE).is_file() == (inference == "torchscript")
+    replica = Replica("r1", _OneVersion(served), None, lambda user: user)
+    assert replica.check_once() and replica.load_errors == 0  # the warm-up ran both paths
+    _score_both(replica, served)
+    np.testing.assert_allclose(  # and it is the trained model's
+        replica.score("u_1", {}, ITEMS[:5]).conversions,
+        trained.predict_request_tasks("u_1", ITEMS[:5], {}, [{}] * 5)[:, 1],
+        rtol=0,
+        atol=1e-6,
+    )
+
+
+def test_a_click_only_version_answers_no_conversions() -> None:
+    replica = Replica("r1", _OneVersion(_trained(6)), None, lambda user: user)
+    assert replica.check_once()
+    scored = replica.score("u_1", {}, ITEMS[:3])
+    assert scored.conversions is None and len(scored.probabilities) == 3
+
+
+def test_a_published_esmm_version_prepared_for_serving_answers_pcvr(tmp_path: Path) -> None:
+    """The path of ``ctr serve``: registry -> prepared (traced) folder -> replica."""
+    store = MlflowModelStore.embedded(RegistryConfig(model_name="esmm-cache", experiment="esmm"), tmp_path)
+    version = store.publish(esmm_learner(seed=3), {"block": 1}, {"logloss": 0.5})
+    store.set_alias("champion", version)
+    cache = PreparedModelStore(store, tmp_path / "models", None, inference="torchscript")  # type: ignore[arg-type]
+    replica = Replica("r1", cache, None, lambda user: user)
+    assert replica.check_once() and cache.prepared_here == 1  # the first load: prepared in the worker
+    assert (tmp_path / "models" / f"{version}-torchscript" / TASKS_SCORER_FILE).is_file()
+    _score_both(replica, replica._current.learner)  # type: ignore[union-attr]
+    eager = store.load(version).predict_request_tasks("u_1", ITEMS[:20], {}, [{}] * 20)
+    np.testing.assert_allclose(replica.score("u_1", {}, ITEMS[:20]).conversions, eager[:, 1], atol=1e-6)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from pipeline.core.config import RegistryConfig, TrainerConfig
 from pipeline.core.types import ModelStore
 from trainers.incremental import AliasStore, IncrementalTrainer
 from trainers.learner import TorchLearner
+from trainers.mlflow_model import CONVERSION_COLUMN, PROBABILITY_COLUMN
 from trainers.registry import MlflowModelStore
 from trainers.testing import synthetic_examples
 from trainers.version_page import iso_time
@@ -124,6 +127,50 @@ def test_pyfunc_load_by_alias(published):
         for ex in data[:50]
     ]
     assert np.array_equal(np.asarray(model.predict(rows)), trainer.champion.predict(data[:50]))
+
+
+def _pyfunc(store: MlflowModelStore, version: str) -> Any:
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(store.tracking_uri)
+    mlflow.set_registry_uri(store.registry_uri)
+    try:
+        return mlflow.pyfunc.load_model(f"models:/{store.name}/{version}")
+    finally:
+        mlflow.set_tracking_uri(previous[0])
+        mlflow.set_registry_uri(previous[1])
+
+
+def test_pyfunc_of_a_multi_task_model_gives_click_and_conversion_probability_columns(tmp_path):
+    from tests.test_model_cache import esmm_learner
+
+    store = MlflowModelStore.embedded(RegistryConfig(model_name="esmm-pyfunc"), tmp_path)
+    learner = esmm_learner(seed=4)
+    version = store.publish(learner, {"block": 1}, {"logloss": 0.5})
+    data = synthetic_examples(40, seed=9)
+    rows = [
+        {
+            "user_id": ex.impression.user_id,
+            "item_id": ex.impression.item_id,
+            "features": ex.impression.features,
+            "dense": ex.impression.dense,
+            "stream_features": {k: v for k, v in ex.stream_features.items() if k != "user_clicked_items"},
+        }
+        for ex in data
+    ]
+    out = _pyfunc(store, version).predict(pd.DataFrame(rows))
+    assert (
+        list(out.columns)
+        == [PROBABILITY_COLUMN, CONVERSION_COLUMN]
+        == ["probability", "conversion_probability"]
+    )
+    pairs = [
+        (ex.impression, {k: v for k, v in ex.stream_features.items() if k != "user_clicked_items"})
+        for ex in data
+    ]
+    want = learner.predict_tasks(pairs)
+    assert np.array_equal(out[PROBABILITY_COLUMN].to_numpy(), learner.predict(pairs))
+    assert np.array_equal(out[CONVERSION_COLUMN].to_numpy(), want[:, 1])
+    assert out[CONVERSION_COLUMN].between(0.0, 1.0).all() and out[CONVERSION_COLUMN].nunique() > 1
 
 
 def test_nan_candidate_is_not_published(published, monkeypatch):

@@ -25,6 +25,8 @@ from serving_bridge.app import ScoringApp
 from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer
+from tests.test_model_cache import esmm_learner
+from trainers.testing import tiny_learner
 
 
 class ConstantModel:
@@ -682,3 +684,37 @@ def test_dense_inputs_reach_the_model_per_item_and_bad_ones_are_a_400() -> None:
         assert status == 400 and answer["error"].startswith("dense.x: must be a number")
         status, _, answer = client.score({**GOOD, "items": [{"id": "a", "dense": {"x": True}}]})
         assert status == 400 and "items[0]" in answer["error"] and "ItemRequest" not in answer["error"]
+
+
+def test_a_multi_task_model_answers_conversion_probabilities_and_a_click_only_one_leaves_them_out() -> None:
+    """ESMM's answer has pCVR per candidate beside pCTR (what its replica scored); after a swap to a
+    DeepFM the key is gone. Both answers match the served document's ScoreResponse, which lists the
+    field as optional and not nullable."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    models: dict[str, Any] = {"1": esmm_learner(seed=1), "2": tiny_learner(seed=1)}
+    store = DictStore(models, {"champion": "1"})
+    with serve(store, ServingConfig(max_candidates=5)) as (client, app):
+        spec = client.request("GET", "/openapi.json")[2]
+        schema = spec["components"]["schemas"]["ScoreResponse"]
+        field = schema["properties"]["conversion_probabilities"]
+        assert "conversion_probabilities" not in schema["required"] and "probabilities" in schema["required"]
+        assert field["type"] == "array" and field["items"] == {"type": "number"}
+        assert "anyOf" not in field and "default" not in field and "absent" in field["description"].lower()
+        valid = jsonschema_rs.Draft202012Validator(schema)
+
+        status, _, body = client.score(GOOD)
+        assert status == 200 and body["version"] == "1"
+        valid.validate(body)
+        replica = app.router.champion
+        scored = replica.score(GOOD["user_id"], GOOD["context"], GOOD["items"])
+        assert body["probabilities"] == scored.probabilities
+        assert body["conversion_probabilities"] == scored.conversions
+        assert len(body["conversion_probabilities"]) == 3
+        assert all(0.0 <= p <= 1.0 for p in body["conversion_probabilities"])
+
+        store.aliases["champion"] = "2"
+        assert replica.check_once()
+        status, _, body = client.score(GOOD)
+        assert status == 200 and body["version"] == "2" and len(body["probabilities"]) == 3
+        assert "conversion_probabilities" not in body
+        valid.validate(body)
