@@ -10,9 +10,15 @@ streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progre
 - ``default``: the online champion with TrainerConfig's default model (``trainer.model``); this
   run also yields ``static`` (that model frozen after block 1) and ``ftrl`` (FTRL-Proximal logistic
   regression on the same hashed features, the backtest's baseline);
-- ``deepfm``, ``dcnv2`` and ``din``: the online champion with that model, a separate run without the
-  FTRL baseline (its scores would be the same); a model equal to the default is not run twice; din's
-  run keeps behaviour sequences (``features.sequence_length``, 50 unless the config sets it);
+- ``deepfm``, ``dcnv2``, ``din`` and ``esmm``: the online champion with that model, a separate run
+  without the FTRL baseline (its scores would be the same); a model equal to the default is not run
+  twice; din's run keeps behaviour sequences (``features.sequence_length``, 50 unless the config
+  sets it); esmm's joins conversions (``joiner.conversion_window_s`` 30 min on the synthetic worlds,
+  whose hours are compressed, 24 h on the real samples) and also reports its conversion task per
+  world (``conversions``: pCTCVR's AUC over the impressions of known conversion, pCVR's among the
+  clicked ones, and what pCTR alone ranks on the same rows, block means over blocks 2+). Its blocks
+  hold the same click examples as every other run's (corrections ride along), so its click metrics
+  are paired with theirs. ``sim-cv`` and ``lifecycle-cv`` are the worlds whose clicks convert;
 - ``baserate``: each block from the second scored with the click rate of the blocks before it,
   the least a learner must do (on the Open Bandit logs, nearly all there is to learn);
 - ``oracle`` (synthetic worlds only): the world's hidden click probability of each example, the
@@ -32,6 +38,7 @@ per world (``<out>/quality/<world>.png``), ``<out>/quality.json`` and a markdown
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
 import os
@@ -57,7 +64,18 @@ from pipeline.sources.streams import SimulatorSource
 from pipeline.sources.worlds import open_world
 
 ROOT = Path(__file__).resolve().parent.parent
-LEARNERS = ("default", "deepfm", "dcnv2", "din", "ftrl", "static", "baserate", "oracle")
+LEARNERS = ("default", "deepfm", "dcnv2", "din", "esmm", "ftrl", "static", "baserate", "oracle")
+MODELS = ("deepfm", "dcnv2", "din", "esmm")  # learners that are a run of the online loop with that model
+CONVERSION_WINDOW_S = (1_800.0, 86_400.0)  # an esmm run's joiner.conversion_window_s: synthetic, real
+CONVERSION_METRICS = (
+    "auc",
+    "clicked_auc",
+    "auc_by_ctr",
+    "clicked_auc_by_ctr",
+    "logloss",
+    "ne",
+    "calibration",
+)
 SEQUENCE_LENGTH = 50  # features.sequence_length of a din run when the config keeps no sequence
 SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
@@ -76,6 +94,7 @@ class WorldSpec:
     block: int = 0  # examples per block of a real sample; 0 = REAL_BLOCK
     impressions: int = 0  # a synthetic world's own length (not under --quick); 0 = the suite's
     train_every: int = 0  # its own block size (not under --quick); 0 = the suite's
+    conversion_window_s: float = 0.0  # an esmm run's conversion window; 0 = CONVERSION_WINDOW_S
 
     @property
     def real(self) -> bool:
@@ -103,6 +122,12 @@ WORLDS: dict[str, WorldSpec] = {
             "base_ctr": 0.02,
         },
     ),
+    "sim-cv": WorldSpec(
+        "simulator",
+        9,
+        "simulator whose clicks convert (10%; 5 min median delay, as compressed as its hours)",
+        {"conversion_rate": 0.1, "conversion_delay_median_s": 300.0, "conversion_delay_max_s": 3_600.0},
+    ),
     "sim-long": WorldSpec(
         "simulator",
         5,
@@ -114,6 +139,12 @@ WORLDS: dict[str, WorldSpec] = {
         "lifecycle", 1, "ad life cycles, cold start, position bias, seasonality, 0.5% CTR"
     ),
     "lifecycle-2": WorldSpec("lifecycle", 2, "the lifecycle world, another seed"),
+    "lifecycle-cv": WorldSpec(
+        "lifecycle-cv",
+        4,
+        "the lifecycle world whose clicks convert (a fifth; ~30 min median delay; 4 h window)",
+        conversion_window_s=14_400.0,
+    ),
     "shifts": WorldSpec(
         "shifts", 2, "abrupt shifts, new-user bursts, ~20% of clicks past the window, ~3% CTR"
     ),
@@ -262,7 +293,7 @@ def run_world(
     runs: dict[str, list[str]] = {}  # model -> the learners its run gives
     if {"default", "ftrl", "static"} & set(learners):
         runs[default_model] = [n for n in ("default", "ftrl", "static") if n in learners]
-    for m in ("deepfm", "dcnv2", "din"):
+    for m in MODELS:
         if m in learners:
             runs.setdefault(m, []).append(m)
     own = not args.quick  # --quick runs every synthetic world at its quick length
@@ -273,12 +304,15 @@ def run_world(
         block = args.train_every or (own and spec.train_every) or SYNTHETIC_BLOCK[args.quick]
     blocks: dict[int, dict[str, Any]] = {}
     timing: dict[str, Any] = {}
+    conversions: dict[str, Any] = {}
     oracle = "oracle" in learners and not spec.real and bool(runs)
     for model, gives in runs.items():
         cfg = load_config(args.config, env=args.env)  # a fresh copy per run
         cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = model, block, spec.seed
         if model == "din" and not cfg.features.sequence_length:
             cfg.features.sequence_length = SEQUENCE_LENGTH
+        if model == "esmm" and not cfg.joiner.conversion_window_s:
+            cfg.joiner.conversion_window_s = spec.conversion_window_s or CONVERSION_WINDOW_S[spec.real]
         cfg.backtest.bootstrap_resamples = 0  # the suite bootstraps every learner together
         source = _Progress(open_world_source(cfg, spec, impressions, args.datasets), f"{name} {model}")
         with tempfile.TemporaryDirectory(prefix=f"quality-{name}-") as tmp:
@@ -295,6 +329,8 @@ def run_world(
                 ftrl="ftrl" in gives,
                 examples_out=examples,
             )
+            if model == "esmm":
+                conversions = conversion_summary(Path(tmp) / "metrics.csv")
             if examples is not None:
                 truth = oracle_scores(cfg, spec, impressions, examples, result.scores)
                 if truth is None:
@@ -321,7 +357,7 @@ def run_world(
                 if names.get(k) in learners and (k != "static" or "static" in gives):
                     row["scores"][names[k]] = v
     same = {}
-    for m in ("deepfm", "dcnv2", "din"):
+    for m in MODELS:
         if m in learners and default_model == m and "default" in runs.get(m, []):
             same[m] = "default"
             for row in blocks.values():  # the default run is this model's run: not trained twice
@@ -332,12 +368,33 @@ def run_world(
     scored = score_world(list(blocks.values()), present, resamples=args.resamples, seed=spec.seed)
     scored["checks"] = {n: checks(scored, n) for n in present}
     scored["same_as"] = same
+    if "esmm" in runs:
+        scored["conversions"] = conversions
     return {
         "spec": dataclasses.asdict(spec)
         | {"impressions": 0 if spec.real else impressions, "train_every": block},
         **scored,
         "runs": timing,
     }
+
+
+def conversion_summary(metrics_csv: Path) -> dict[str, Any]:
+    """An esmm run's conversion task: block means over blocks 2+ of its progressive ``cvr_`` metrics
+    (``metrics.csv``), the conversions it saw, and per block pCTCVR's and pCVR's AUC."""
+    with metrics_csv.open() as f:
+        rows = [r for r in csv.DictReader(f) if int(r["block"]) >= 2]
+    out: dict[str, Any] = {
+        "blocks": len(rows),
+        "corrections": sum(int(r.get("corrections") or 0) for r in rows),
+        "positives": sum(float(r.get("online_cvr_positives") or 0) for r in rows),
+    }
+    for m in CONVERSION_METRICS:
+        vals = [float(r.get(f"online_cvr_{m}") or "nan") for r in rows]
+        finite = [v for v in vals if np.isfinite(v)]
+        out[m] = float(np.mean(finite)) if finite else float("nan")
+    out["per_block_auc"] = [float(r.get("online_cvr_auc") or "nan") for r in rows]
+    out["per_block_clicked_auc"] = [float(r.get("online_cvr_clicked_auc") or "nan") for r in rows]
+    return out
 
 
 def add_base_rate(blocks: dict[int, dict[str, Any]]) -> None:

@@ -70,10 +70,12 @@ def score_world(
             diff = boot2[n] - boot2["ftrl"]
             auc = out["learners"][n]["blocks2"]["auc"] - out["learners"]["ftrl"]["blocks2"]["auc"]
             out["margins"][f"{n}_vs_ftrl"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
-    if "din" in learners and "default" in learners:  # what attending over the sequence adds
-        diff = boot2["din"] - boot2["default"]
-        auc = out["learners"]["din"]["blocks2"]["auc"] - out["learners"]["default"]["blocks2"]["auc"]
-        out["margins"]["din_vs_default"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
+    # what attending over the sequence adds; what learning conversions beside clicks costs the clicks
+    for model in ("din", "esmm"):
+        if model in learners and "default" in learners:
+            diff = boot2[model] - boot2["default"]
+            auc = out["learners"][model]["blocks2"]["auc"] - out["learners"]["default"]["blocks2"]["auc"]
+            out["margins"][f"{model}_vs_default"] = {"auc": auc, "auc_ci95": percentile_ci(diff)}
     return out
 
 
@@ -141,6 +143,22 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
                 f"| {name} | {label} | {_f(b2['auc'])} {ci} | {_f(b2['logloss'])} | {_f(b2['ne'], 3)} "
                 f"| {_f(b2['calibration'], 3)} | {marg} | {auc_ok} | {ne} | {_yn(c['calibration_ok'])} "
                 f"| {_yn(c['pass'])} |"
+            )
+    conv = [
+        (name, w["conversions"]) for name, w in worlds.items() if w.get("conversions", {}).get("positives")
+    ]
+    if conv:
+        lines += [
+            "",
+            "| world | conversions (blocks 2+) | pCTCVR AUC | pCTR alone | pCVR AUC among clicks "
+            "| pCTR alone | CTCVR NE | CTCVR calib |",
+            "|" + "---|" * 8,
+        ]
+        for name, c in conv:
+            lines.append(
+                f"| {name} | {c['positives']:,.0f} | {_f(c['auc'])} | {_f(c['auc_by_ctr'])} "
+                f"| {_f(c['clicked_auc'])} | {_f(c['clicked_auc_by_ctr'])} | {_f(c['ne'], 3)} "
+                f"| {_f(c['calibration'], 3)} |"
             )
     return "\n".join(lines)
 
