@@ -174,7 +174,7 @@ def produce_log(cfg: Config, args: argparse.Namespace) -> int:
         print(f"ctr: {exc}", file=sys.stderr)
         return 2
     k = cfg.kafka
-    ensure_topics(k, [k.impressions_topic, k.clicks_topic], k.partitions)
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.conversions_topic], k.partitions)
     counts = publish_source(k, source, rate=args.rate, progress=True, validation=cfg.validation)
     print(json.dumps(counts))
     return 0

@@ -41,10 +41,12 @@ PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
 HOUR_MS = 3_600_000
 
 
-def write_stream(path: Path) -> int:
+def write_stream(path: Path, conversions: bool = False) -> int:
     # 5 impressions/s: 30 min of event time, so the item stage (counting what came before the
     # impression minus the attribution window and lag, 16 min) has something to count
     sim = dataclasses.replace(Config().simulator, events_per_s=5.0)
+    if conversions:  # a fifth of the clicks convert, within minutes: corrections inside the stream
+        sim = dataclasses.replace(sim, conversion_rate=0.2, conversion_delay_median_s=120.0)
     events = list(Simulator(sim, seed=21).stream(IMPRESSIONS))
     last = max(e["ts"] for _, e in events)
     clicks = [e for kind, e in events if kind == "click"]
@@ -81,29 +83,39 @@ def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -
     return proc.stdout.decode()
 
 
+def example_id(line: str | bytes) -> str:
+    ex = json.loads(line)
+    return ex["impression"]["impression_id"] + ("#cv" if ex.get("correction") else "")
+
+
 # din: the behaviour sequences too (in the examples' stream features, the joiner's changelog and its
-# Feast rows), and a model that attends over them, on one rank and on two
-@pytest.mark.parametrize("model", ["deepfm", "din"])
+# Feast rows), and a model that attends over them; esmm: conversions on their own topic, joined
+# (corrections among the examples, held in the joiner's changelog), and a model that learns them;
+# each on one rank and on two
+@pytest.mark.parametrize("model", ["deepfm", "din", "esmm"])
 def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     model: str, services: dict[str, str], kafka_admin: object, tmp_path: Path
 ) -> None:
     tag = uuid.uuid4().hex[:10]
     stream = tmp_path / "stream.jsonl"
-    write_stream(stream)
+    write_stream(stream, conversions=model == "esmm")
     k = KafkaConfig(
         bootstrap_servers=services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
         impressions_topic=f"parity-imps-{tag}",
         clicks_topic=f"parity-clicks-{tag}",
+        conversions_topic=f"parity-conversions-{tag}",
         examples_topic=f"parity-examples-{tag}",
         dead_letter_topic=f"parity-dead-{tag}",
         partitions=PARTITIONS,
     )
-    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.examples_topic], PARTITIONS)
+    ensure_topics(k, [k.impressions_topic, k.clicks_topic, k.conversions_topic, k.examples_topic], PARTITIONS)
     env = {
         **os.environ,
         "CTR_KAFKA_BOOTSTRAP_SERVERS": k.bootstrap_servers,
         "CTR_KAFKA_IMPRESSIONS_TOPIC": k.impressions_topic,
         "CTR_KAFKA_CLICKS_TOPIC": k.clicks_topic,
+        "CTR_KAFKA_CONVERSIONS_TOPIC": k.conversions_topic,
+        "CTR_JOINER_CONVERSION_WINDOW_S": "1800" if model == "esmm" else "0",
         "CTR_KAFKA_EXAMPLES_TOPIC": k.examples_topic,
         "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
         "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
@@ -131,12 +143,11 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         backtest_env,
         tmp_path / "bt.log",
     )
-    replayed = {
-        json.loads(line)["impression"]["impression_id"]: line.encode()
-        for line in (out / "ex.jsonl").read_text().splitlines()
-    }
-    with (out / "metrics.csv").open() as f:
-        backtest_blocks = [row for row in csv.DictReader(f) if int(row["examples"]) == BLOCK]
+    replayed = {example_id(line): line.encode() for line in (out / "ex.jsonl").read_text().splitlines()}
+    with (out / "metrics.csv").open() as f:  # a block: BLOCK click examples and their corrections
+        backtest_blocks = [
+            row for row in csv.DictReader(f) if int(row["examples"]) - int(row.get("corrections", 0)) == BLOCK
+        ]
 
     # the daemons, over Kafka, Redis and the MLflow server
     run(["produce", "--source", str(stream)], env, tmp_path / "produce.log")
@@ -145,17 +156,22 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         run(["trainer", "--exit-when-idle", "15"], env, tmp_path / "trainer.log").splitlines()[-1]
     )
     messages = examples_to_end(k.bootstrap_servers, k.examples_topic)
-    produced = {json.loads(m)["impression"]["impression_id"]: m for m in messages}
+    produced = {example_id(m): m for m in messages}
 
     closing = {f"closing-{p}" for p in range(PARTITIONS)}
     assert len(produced) == len(messages) > 8_000  # no example twice
     assert produced == {i: v for i, v in replayed.items() if i not in closing}  # byte-identical
     sequences = [json.loads(v)["stream_features"].get("user_clicked_items") for v in produced.values()]
     assert (max(map(len, sequences)) > 1) if model == "din" else sequences == [None] * len(sequences)
-    assert trained["blocks"] == len(backtest_blocks) == len(produced) // BLOCK >= 4
+    corrections = [json.loads(v)["conversion"] for i, v in produced.items() if i.endswith("#cv")]
+    assert (len(corrections) > 300 and 0 < sum(corrections) < len(corrections)) == (model == "esmm")
+    clicks = len(produced) - len(corrections)
+    assert trained["blocks"] == len(backtest_blocks) == clicks // BLOCK >= 4
     # the item rows the trainer pushed for serving are the item stage's over the same examples in the
     # merge order (the backtest's examples file is in that order; its closing examples aside)
-    stage = ItemStage.of(Config())
+    item_cfg = Config()
+    item_cfg.joiner.conversion_window_s = float(env["CTR_JOINER_CONVERSION_WINDOW_S"])
+    stage = ItemStage.of(item_cfg)
     stage.attach([LabelledExample.from_json(v) for i, v in replayed.items() if i not in closing])
     want = {row["item_id"]: row for row in stage.drain_rows()}
     served = OnlineFeatureReader(connect_store(tmp_path / "state" / "trainer" / "feast")).get("-", [*want])
@@ -181,7 +197,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
             continue
         compared += 1
         tags = versions[block].tags
-        assert int(tags["examples"]) == BLOCK
+        assert int(tags["examples"]) == int(row["examples"])
         assert (tags["event_time_min"], tags["event_time_max"]) == (  # ISO 8601 in tags, epoch ms in rows
             iso_time(int(row["event_time_min"]) / 1000),
             iso_time(int(row["event_time_max"]) / 1000),
@@ -215,5 +231,5 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
             float(one["metric.online.logloss"]), abs=1e-6
         )
     kafka_admin.delete_topics(  # type: ignore[attr-defined]
-        [k.impressions_topic, k.clicks_topic, k.examples_topic, k.dead_letter_topic]
+        [k.impressions_topic, k.clicks_topic, k.conversions_topic, k.examples_topic, k.dead_letter_topic]
     )
