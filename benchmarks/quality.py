@@ -350,6 +350,8 @@ def run_world(
         say(f"  {name} {model}: {s['examples']:,} examples, {s['blocks']} blocks in {s['loop_s']:.0f}s")
         names = {"online": "default" if "default" in gives else model, "static": "static", "ftrl": "ftrl"}
         for b in result.scores:
+            if not b.labels.size:  # esmm's last block: corrections only (flushed at the end)
+                continue
             row = blocks.setdefault(b.index, {"index": b.index, "labels": b.labels, "scores": {}})
             if row["labels"].shape != b.labels.shape or not (row["labels"] == b.labels).all():
                 raise SystemExit(f"quality: {name}: block {b.index} has other labels under {model}")
