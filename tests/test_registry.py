@@ -106,14 +106,7 @@ def test_load_gives_identical_predictions(published):
 
 def test_pyfunc_load_by_alias(published):
     store, trainer, _, data = published
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    mlflow.set_tracking_uri(store.tracking_uri)
-    mlflow.set_registry_uri(store.registry_uri)
-    try:
-        model = mlflow.pyfunc.load_model(f"models:/{store.name}@champion")
-    finally:
-        mlflow.set_tracking_uri(previous[0])
-        mlflow.set_registry_uri(previous[1])
+    model = _pyfunc(store, "@champion")
     rows = [
         {
             "user_id": ex.impression.user_id,
@@ -129,12 +122,13 @@ def test_pyfunc_load_by_alias(published):
     assert np.array_equal(np.asarray(model.predict(rows)), trainer.champion.predict(data[:50]))
 
 
-def _pyfunc(store: MlflowModelStore, version: str) -> Any:
+def _pyfunc(store: MlflowModelStore, ref: str) -> Any:
+    """The pyfunc of ``models:/<name><ref>`` (``ref``: ``/3`` or ``@champion``) from ``store``'s registry."""
     previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     mlflow.set_tracking_uri(store.tracking_uri)
     mlflow.set_registry_uri(store.registry_uri)
     try:
-        return mlflow.pyfunc.load_model(f"models:/{store.name}/{version}")
+        return mlflow.pyfunc.load_model(f"models:/{store.name}{ref}")
     finally:
         mlflow.set_tracking_uri(previous[0])
         mlflow.set_registry_uri(previous[1])
@@ -157,7 +151,7 @@ def test_pyfunc_of_a_multi_task_model_gives_click_and_conversion_probability_col
         }
         for ex in data
     ]
-    out = _pyfunc(store, version).predict(pd.DataFrame(rows))
+    out = _pyfunc(store, f"/{version}").predict(pd.DataFrame(rows))
     assert (
         list(out.columns)
         == [PROBABILITY_COLUMN, CONVERSION_COLUMN]
