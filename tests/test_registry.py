@@ -151,7 +151,9 @@ def test_pyfunc_of_a_multi_task_model_gives_click_and_conversion_probability_col
         }
         for ex in data
     ]
-    out = _pyfunc(store, f"/{version}").predict(pd.DataFrame(rows))
+    model = _pyfunc(store, f"/{version}")
+    out = model.predict(pd.DataFrame(rows))
+    assert model.metadata.get_output_schema().input_names() == list(out.columns)  # the signature says so
     assert (
         list(out.columns)
         == [PROBABILITY_COLUMN, CONVERSION_COLUMN]

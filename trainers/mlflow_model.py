@@ -27,11 +27,9 @@ from mlflow.pyfunc import PythonModel
 
 from pipeline.core.events import Impression
 from trainers.encoding import SEQUENCE_KEY
+from trainers.multitask import CONVERSION_COLUMN, PROBABILITY_COLUMN
 
 __all__ = ["CONVERSION_COLUMN", "PROBABILITY_COLUMN", "CtrPyfuncModel", "rows_from_records"]
-
-PROBABILITY_COLUMN = "probability"  # a multi-task model's output: the click probability
-CONVERSION_COLUMN = "conversion_probability"  # and pCVR beside it
 
 
 def rows_from_records(records: list[Mapping[str, Any]]) -> list[tuple[Impression, Mapping[str, Any]]]:

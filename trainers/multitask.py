@@ -48,7 +48,9 @@ from trainers.gate import GateDecision
 from trainers.metrics import auc, block_metrics
 
 __all__ = [
+    "CONVERSION_COLUMN",
     "PREFIX",
+    "PROBABILITY_COLUMN",
     "TaskTargets",
     "both_tasks",
     "conversion_gate",
@@ -60,6 +62,8 @@ __all__ = [
     "task_probabilities",
 ]
 
+PROBABILITY_COLUMN = "probability"  # a multi-task model's pyfunc output: the click probability
+CONVERSION_COLUMN = "conversion_probability"  # and pCVR beside it (trainers.mlflow_model, registry)
 PREFIX = "cvr_"  # the conversion metrics' keys (metric dicts, MLflow: online.cvr_auc, holdout.cvr_auc)
 _RENAMED = {"count": "examples", "ctr": "rate"}  # block_metrics' click names, said of conversions
 _LOG_P_MAX = -1e-6  # log pCTCVR is clamped below 0: log(1 - p) and its gradient stay finite

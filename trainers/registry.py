@@ -39,12 +39,13 @@ import torch
 from mlflow.entities import LoggedModelOutput, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
-from mlflow.types.schema import Array, ColSpec, DataType, Map, Schema
+from mlflow.types.schema import Array, ColSpec, DataType, Map, Schema, TensorSpec
 
 from pipeline.core.config import RegistryConfig
 from trainers.encoding import SEQUENCE_KEY
 from trainers.learner import TorchLearner
 from trainers.model_registry import ModelRegistry
+from trainers.multitask import CONVERSION_COLUMN, PROBABILITY_COLUMN
 from trainers.version_page import (
     LINEAGE_FILE,
     describe,
@@ -96,10 +97,14 @@ def _pip_requirements() -> list[str]:
     ]
 
 
-def _signature() -> ModelSignature:
+def _signature(multi_task: bool = False) -> ModelSignature:
     # Explicit: MLflow cannot infer one from the DataFrame type hint and would log a warning on
     # every publish. The five first columns are required (MLflow rejects a NaN where a map is
     # expected); the three maps may be empty. The behaviour sequence (DIN) is its own optional column.
+    # A multi-task model answers two named columns (trainers.mlflow_model), a click model one.
+    outputs: list[ColSpec | TensorSpec] = [ColSpec(DataType.double)]
+    if multi_task:
+        outputs = [ColSpec(DataType.double, PROBABILITY_COLUMN), ColSpec(DataType.double, CONVERSION_COLUMN)]
     return ModelSignature(
         inputs=Schema(
             [
@@ -111,7 +116,7 @@ def _signature() -> ModelSignature:
                 ColSpec(Array(DataType.string), SEQUENCE_KEY, required=False),
             ]
         ),
-        outputs=Schema([ColSpec(DataType.double)]),
+        outputs=Schema(outputs),
     )
 
 
@@ -233,7 +238,7 @@ class MlflowModelStore(ModelRegistry):
                     python_model=_MODEL_CODE,
                     artifacts={"learner": str(learner_dir)},
                     pip_requirements=_pip_requirements(),
-                    signature=_signature(),
+                    signature=_signature(model.multi_task),
                     input_example=_input_example(model),
                 )
                 (local / LINEAGE_FILE).write_text(lineage_document(lineage, metrics, tags, parent))
