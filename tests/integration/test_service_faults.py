@@ -1,4 +1,5 @@
-"""Service outages under a running pipeline: Kafka stopped for 20 s, Redis restarted, MLflow down 30 s.
+"""Service outages under a running pipeline: Kafka stopped for 20 s, Redis restarted, MLflow down
+across a registration.
 
 The shared services of the test session must stay up for the other tests, so this module starts its
 own stack (``deploy/services.sh up`` with its own ports and state folder), runs ``ctr joiner``,
@@ -171,8 +172,12 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
         stack.services("up")
         wait_until(lambda: store.resolve("champion") is not None, "the first version")
         versions_before = len(store.versions())
-        stack.services("stop", "mlflow")  # the registry is down for 30 s while the next blocks close
-        time.sleep(30)
+        # the registry is down while the next block closes: until the trainer has failed to register
+        # it (however long the joiner, slowed by the broker's outage and the machine's load, takes
+        # to bring that block) and then 10 s more; the trainer must wait, not crash nor skip it
+        stack.services("stop", "mlflow")
+        wait_until(lambda: "retrying in" in logs["trainer"].read_text(), "a registration, MLflow down")
+        time.sleep(10)
         stack.services("up")
         wait_until(lambda: served_version(replica_url) is not None, "the replica's first model", 120)
         client.start()
@@ -201,7 +206,7 @@ def test_kafka_redis_and_mlflow_outages_lose_nothing(
     keys = [store.lineage(v)["lineage_key"] for v in versions]
     fault_report("Kafka broker stopped 20 s", 1, int(lost == 0), lost, len(got) - len(expected))
     fault_report("Redis restarted (scoring under load)", 1, int(client.failed == 0), client.failed, 0)
-    fault_report("MLflow down 30 s across registrations", 1, int(len(versions) > versions_before), 0,
+    fault_report("MLflow down across a registration", 1, int(len(versions) > versions_before), 0,
                  len(keys) - len(set(keys)))  # fmt: skip
     assert got == expected  # nothing lost, nothing invented, labels right
     joiner_log, trainer_log = logs["joiner"].read_text(), logs["trainer"].read_text()
