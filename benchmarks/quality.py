@@ -16,7 +16,8 @@ streaming features and :class:`~trainers.incremental.IncrementalTrainer`, progre
   sets it); esmm's joins conversions (``joiner.conversion_window_s`` 30 min on the synthetic worlds,
   whose hours are compressed, 24 h on the real samples) and also reports its conversion task per
   world (``conversions``: pCTCVR's AUC over the impressions of known conversion, pCVR's among the
-  clicked ones, and what pCTR alone ranks on the same rows, block means over blocks 2+). Its blocks
+  clicked ones, and what pCTR alone ranks on the same rows, block means over the blocks scored by a
+  champion whose conversion tower had started). Its blocks
   hold the same click examples as every other run's (corrections ride along), so its click metrics
   are paired with theirs. ``sim-cv`` and ``lifecycle-cv`` are the worlds whose clicks convert;
 - ``baserate``: each block from the second scored with the click rate of the blocks before it,
@@ -381,12 +382,16 @@ def run_world(
 
 
 def conversion_summary(metrics_csv: Path) -> dict[str, Any]:
-    """An esmm run's conversion task: block means over blocks 2+ of its progressive ``cvr_`` metrics
-    (``metrics.csv``), the conversions it saw, and per block pCTCVR's and pCVR's AUC."""
+    """An esmm run's conversion task: block means of its progressive ``cvr_`` metrics (``metrics.csv``)
+    over the blocks its champion had a started conversion tower for (``cvr_started``: the tower
+    starts once a block's corrections have caught up with its clicks, a conversion window into the
+    stream; before, pCVR is a constant 1/2), the conversions it saw, and per block pCTCVR's and
+    pCVR's AUC."""
     with metrics_csv.open() as f:
-        rows = [r for r in csv.DictReader(f) if int(r["block"]) >= 2]
+        rows = [r for r in csv.DictReader(f) if float(r.get("online_cvr_started") or 0) == 1.0]
     out: dict[str, Any] = {
         "blocks": len(rows),
+        "block_indexes": [int(r["block"]) for r in rows],
         "corrections": sum(int(r.get("corrections") or 0) for r in rows),
         "positives": sum(float(r.get("online_cvr_positives") or 0) for r in rows),
     }
@@ -449,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         print(*a, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
+    commit, dirty = git_commit(), dirty_files()  # what runs: the code as it is now, not at the end
     results: dict[str, Any] = {}
     for i, w in enumerate(worlds, 1):
         spec = WORLDS[w]
@@ -460,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_world(w, results[w], list(results[w]["learners"]), args.out / "quality" / f"{w}.png")
     table = markdown(results, learners)
     meta = {
-        "commit": git_commit(),
-        "uncommitted_changes": dirty_files(),
+        "commit": commit,
+        "uncommitted_changes": dirty,
         "command": " ".join(["python benchmarks/quality.py", *(argv if argv is not None else sys.argv[1:])]),
         "quick": args.quick,
         "default_model": base.trainer.model,

@@ -150,13 +150,14 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
     if conv:
         lines += [
             "",
-            "| world | conversions (blocks 2+) | pCTCVR AUC | pCTR alone | pCVR AUC among clicks "
+            "| world | conversions (blocks, tower started) | pCTCVR AUC | pCTR alone | pCVR AUC among clicks "
             "| pCTR alone | CTCVR NE | CTCVR calib |",
             "|" + "---|" * 8,
         ]
         for name, c in conv:
             lines.append(
-                f"| {name} | {c['positives']:,.0f} | {_f(c['auc'])} | {_f(c['auc_by_ctr'])} "
+                f"| {name} | {c['positives']:,.0f} ({c['block_indexes']}) | {_f(c['auc'])} "
+                f"| {_f(c['auc_by_ctr'])} "
                 f"| {_f(c['clicked_auc'])} | {_f(c['clicked_auc_by_ctr'])} | {_f(c['ne'], 3)} "
                 f"| {_f(c['calibration'], 3)} |"
             )

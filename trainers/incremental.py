@@ -339,6 +339,7 @@ class IncrementalTrainer:
         if logits_online is not None:
             tasks_online = task_probabilities(logits_online, champion.calibration)
             online |= conversion_metrics(y, batch.conversions, tasks_online)
+            online["cvr_started"] = float(bool(getattr(champion.model, "cvr_started", True)))
         p_static, static = self._static_scores(batch, clicks)
         fields = batch.first_columns(len(champion.encoder.fields))  # references read no sequence
         fields = fields if clicks is None else fields[clicks]  # click models, all of them
