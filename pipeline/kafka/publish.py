@@ -95,6 +95,8 @@ def _publish(
             if sink.sent >= flush_every:  # bounds producer memory and surfaces failures early
                 sink.flush()
         sink.flush()
+    if not counts["conversion"]:  # a stream of impressions and clicks: counted as before
+        del counts["conversion"]
     return counts
 
 
@@ -144,8 +146,8 @@ def publish_stream(
     Keyed by ``user_id`` (so a user's impressions and clicks land on the same partition number),
     stamped with their entry times (``validation``'s skew and age bound the outliers; default
     config), at ``rate`` events/s or as fast as possible; returns ``{"impression": n, "click": m}``
-    once everything is acknowledged (raises :class:`KafkaSinkError` otherwise). ``progress``: a bar
-    on stderr.
+    (and ``"conversion"`` when there were any) once everything is acknowledged (raises
+    :class:`KafkaSinkError` otherwise). ``progress``: a bar on stderr.
     """
     return _publish(cfg, _stamped(_chunks(events), validation), rate, flush_every, progress)
 
