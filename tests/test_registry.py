@@ -107,19 +107,23 @@ def test_load_gives_identical_predictions(published):
 def test_pyfunc_load_by_alias(published):
     store, trainer, _, data = published
     model = _pyfunc(store, "@champion")
-    rows = [
+    rows = _records(data[:50], sequence=True)
+    assert np.array_equal(np.asarray(model.predict(rows)), trainer.champion.predict(data[:50]))
+
+
+def _records(examples: list[Any], sequence: bool = False) -> list[dict[str, Any]]:
+    """The pyfunc's documented input: the floats in stream_features, the sequence in its own column."""
+    return [
         {
             "user_id": ex.impression.user_id,
             "item_id": ex.impression.item_id,
             "features": ex.impression.features,
             "dense": ex.impression.dense,
-            # the documented input: the floats in stream_features, the sequence in its own column
             "stream_features": {k: v for k, v in ex.stream_features.items() if k != "user_clicked_items"},
-            "user_clicked_items": ex.stream_features["user_clicked_items"],
         }
-        for ex in data[:50]
+        | ({"user_clicked_items": ex.stream_features["user_clicked_items"]} if sequence else {})
+        for ex in examples
     ]
-    assert np.array_equal(np.asarray(model.predict(rows)), trainer.champion.predict(data[:50]))
 
 
 def _pyfunc(store: MlflowModelStore, ref: str) -> Any:
@@ -141,16 +145,7 @@ def test_pyfunc_of_a_multi_task_model_gives_click_and_conversion_probability_col
     learner = esmm_learner(seed=4)
     version = store.publish(learner, {"block": 1}, {"logloss": 0.5})
     data = synthetic_examples(40, seed=9)
-    rows = [
-        {
-            "user_id": ex.impression.user_id,
-            "item_id": ex.impression.item_id,
-            "features": ex.impression.features,
-            "dense": ex.impression.dense,
-            "stream_features": {k: v for k, v in ex.stream_features.items() if k != "user_clicked_items"},
-        }
-        for ex in data
-    ]
+    rows = _records(data)
     model = _pyfunc(store, f"/{version}")
     out = model.predict(pd.DataFrame(rows))
     assert model.metadata.get_output_schema().input_names() == list(out.columns)  # the signature says so
