@@ -24,7 +24,7 @@ from trainers.learner import TASKS_SCORER_FILE, TorchLearner
 from trainers.metrics import auc, block_metrics
 from trainers.models import build_model, is_multi_task, model_spec
 from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, multitask_loss
-from trainers.testing import synthetic_examples
+from trainers.testing import small_trainer_config, synthetic_examples
 
 CONVERSION_WINDOW_MS = 100_000  # a correction arrives ~1,000 impressions after its click
 
@@ -50,21 +50,9 @@ def conversion_stream(n: int, seed: int = 11) -> list[LabelledExample]:
 
 
 def cfg(model: str = "esmm", **kw: object) -> TrainerConfig:
-    base: dict[str, object] = dict(
-        model=model,
-        hash_buckets=1 << 12,
-        embedding_dim=4,
-        hidden=(16, 8),
-        batch_size=128,
-        device="cpu",
-        threads=1,
-        train_every=2_000,
-        holdout_fraction=0.2,
-        gate_tolerance=1.0,
-        conversion_gate_tolerance=1.0,
-        seed=5,
-    )
-    return TrainerConfig(**(base | kw))  # type: ignore[arg-type]
+    """testing's small trainer (blocks of 2,000, every finite candidate accepted), smaller still."""
+    small = dict(hash_buckets=1 << 12, embedding_dim=4, hidden=(16, 8), batch_size=128, seed=5)
+    return small_trainer_config(**(small | {"model": model, "conversion_gate_tolerance": 1.0} | kw))
 
 
 def learner(c: TrainerConfig, data: list[LabelledExample]) -> TorchLearner:

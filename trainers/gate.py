@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from trainers.metrics import UNDEFINED_ON_ONE_CLASS
 
-__all__ = ["GateDecision", "gate", "labels_look_corrupt"]
+__all__ = ["GateDecision", "gate", "labels_look_corrupt", "within_tolerance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +98,16 @@ def gate(
     champ = float(champion.get("logloss", math.nan))
     if not math.isfinite(champ):
         return GateDecision(True, f"champion logloss is {champ}; candidate logloss {cand:.6f} is finite")
-    limit = champ * (1.0 + tolerance)
-    if cand > limit:
+    return within_tolerance(cand, champ, tolerance)
+
+
+def within_tolerance(
+    cand: float, champ: float, tolerance: float, metric: str = "logloss", kind: str = "worse_than_champion"
+) -> GateDecision:
+    """The comparison itself: refused (``kind``) if the candidate's ``metric`` exceeds the champion's
+    times ``1 + tolerance`` (the click gate's, and the conversion gate's in :mod:`trainers.multitask`)."""
+    if cand > champ * (1.0 + tolerance):
         return GateDecision(
-            False,
-            f"candidate logloss {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})",
-            "worse_than_champion",
+            False, f"candidate {metric} {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})", kind
         )
-    return GateDecision(True, f"candidate logloss {cand:.6f} <= champion {champ:.6f} * (1 + {tolerance:g})")
+    return GateDecision(True, f"candidate {metric} {cand:.6f} <= champion {champ:.6f} * (1 + {tolerance:g})")

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.calibration import IDENTITY, apply_platt
-from trainers.gate import GateDecision
+from trainers.gate import GateDecision, within_tolerance
 from trainers.metrics import auc, block_metrics
 
 __all__ = [
@@ -207,16 +207,7 @@ def conversion_gate(
         return GateDecision(
             True, f"no finite champion cvr_logloss; candidate cvr_logloss {cand:.6f} is finite"
         )
-    limit = champ * (1.0 + tolerance)
-    if cand > limit:
-        return GateDecision(
-            False,
-            f"candidate cvr_logloss {cand:.6f} > champion {champ:.6f} * (1 + {tolerance:g})",
-            "worse_on_conversions",
-        )
-    return GateDecision(
-        True, f"candidate cvr_logloss {cand:.6f} <= champion {champ:.6f} * (1 + {tolerance:g})"
-    )
+    return within_tolerance(cand, champ, tolerance, PREFIX + "logloss", "worse_on_conversions")
 
 
 def both_tasks(click: GateDecision, conversion: GateDecision) -> GateDecision:
