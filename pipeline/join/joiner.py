@@ -104,7 +104,12 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         A newer event time moves the watermark first: everything it passes is finalised (and
         forgotten) before the event is handled, so what an event meets (a duplicate id still
         remembered, an impression still open for its click) depends on the events before it, never
-        on where a batch happened to end (which a replay does not reproduce)."""
+        on where a batch happened to end (which a replay does not reproduce). A conversion while
+        conversions are not joined is only counted: not merged with the other streams, its time must
+        not move the watermark."""
+        if not self._conv_window and isinstance(event, Conversion):
+            self._conversion(event)
+            return
         ts = event.ts
         if ts > self.max_ts:
             self.max_ts = ts

@@ -81,10 +81,9 @@ class PartitionTask:
         never processes an event twice.
         """
         s = self.streams.get(kind)
-        if s is None:  # a conversion, not joined (stream_kinds): counted, and nothing else (not
-            if event is not None:  # merged: its time must not move the watermark)
-                self.joiner.stats.conversions += 1
-                self.joiner.stats.ignored_conversions += 1
+        if s is None:  # a conversion, not joined (stream_kinds): the joiner only counts it
+            if event is not None:
+                self.joiner.process(event)
             return
         if offset < s.offered_upto:
             return
