@@ -385,6 +385,30 @@ def test_dcnv2_shares_the_hashed_embedding_and_records_its_cross_layers(train_se
     assert "cross_layers" not in learner("deepfm", train_set).model_spec
 
 
+# -- DIN specifics ---------------------------------------------------------------------------------
+def test_din_attention_is_the_papers_mlp_over_q_k_products_and_differences():
+    """The split first layer (:meth:`DIN._first_attention_layer`) is the MLP over the paper's
+    ``[q, k, q*k, q-k]``, with the same weights; an empty sequence gives a zero interest."""
+    from trainers.models import build_model, model_spec
+
+    torch.manual_seed(3)
+    spec = model_spec("din", n_fields=3, n_dense=0, hash_buckets=97, embedding_dim=4, sequence_length=5)
+    m = build_model(spec).eval()
+    ids = torch.randint(0, 97, (6, 3 + 5))
+    ids[1, 3 + 2 :] = -1  # a short sequence
+    ids[2, 3:] = -1  # none
+    with torch.no_grad():
+        v = m.embedding(ids[:, :3])
+        k = m.embedding.field_vectors(ids[:, 3:], 1)
+        q = v[:, 1].unsqueeze(1).expand_as(k)
+        paper = m.attention(torch.cat([q, k, q * k, q - k], dim=2)).squeeze(2)
+        split = m.attention[1:](m._first_attention_layer(v[:, 1], k)).squeeze(2)
+        torch.testing.assert_close(split, paper)
+        interest = m.interest(ids, v)
+    torch.testing.assert_close(interest[1], (paper[1, :2].unsqueeze(1) * k[1, :2]).sum(0))
+    assert interest[2].abs().max() == 0 and interest[0].abs().max() > 0
+
+
 # -- FTRL-Proximal baseline ------------------------------------------------------------------------
 def ftrl_data(train_set, test_set):
     enc = Encoder(BUCKETS).fit(train_set)

@@ -337,10 +337,23 @@ class DIN(_WithLinearPart):
         """``(n, dim)``: the behaviours' vectors weighted by their attention to the candidate."""
         seq = ids[:, self.n_fields :]
         k = self.embedding.field_vectors(seq, self.item_field)  # (n, L, dim), 0 past the end
-        q = v[:, self.item_field].unsqueeze(1).expand_as(k)
-        scores = self.attention(torch.cat([q, k, q * k, q - k], dim=2)).squeeze(2)
+        q = v[:, self.item_field]  # (n, dim)
+        scores = self.attention[1:](self._first_attention_layer(q, k)).squeeze(2)
         weights = scores * (seq >= 0).to(scores.dtype)
         out: torch.Tensor = (weights.unsqueeze(2) * k).sum(1)
+        return out
+
+    def _first_attention_layer(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``(n, L, hidden)``: the attention MLP's first layer over ``[q, k, q*k, q-k]``, without
+        building that ``(n, L, 4 dim)`` input. Split by blocks, ``W [q, k, q*k, q-k] = (Wq + Wd) q +
+        (Wk - Wd + diag(q) Wp) k``: the candidate's part once per row, then one batched product
+        per row over its behaviours (a quarter of the multiply-adds; the same layer and weights)."""
+        first = self.attention[0]
+        assert isinstance(first, nn.Linear)
+        w_q, w_k, w_p, w_d = first.weight.split(k.shape[2], dim=1)  # each (hidden, dim)
+        per_row = torch.addmm(first.bias, q, (w_q + w_d).t())  # (n, hidden)
+        per_pair = (w_k - w_d).t().unsqueeze(0) + q.unsqueeze(2) * w_p.t().unsqueeze(0)  # (n, dim, hidden)
+        out: torch.Tensor = torch.bmm(k, per_pair.to(k.dtype)) + per_row.unsqueeze(1)
         return out
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
