@@ -39,7 +39,6 @@ per world (``<out>/quality/<world>.png``), ``<out>/quality.json`` and a markdown
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import os
@@ -53,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from quality_report import checks, markdown, plot_world, score_world
+from quality_report import checks, conversion_summary, markdown, plot_world, score_world
 
 from pipeline.core.config import Config
 from pipeline.core.config_loader import env_names, load_config
@@ -68,15 +67,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LEARNERS = ("default", "deepfm", "dcnv2", "din", "esmm", "ftrl", "static", "baserate", "oracle")
 MODELS = ("deepfm", "dcnv2", "din", "esmm")  # learners that are a run of the online loop with that model
 CONVERSION_WINDOW_S = (1_800.0, 86_400.0)  # an esmm run's joiner.conversion_window_s: synthetic, real
-CONVERSION_METRICS = (
-    "auc",
-    "clicked_auc",
-    "auc_by_ctr",
-    "clicked_auc_by_ctr",
-    "logloss",
-    "ne",
-    "calibration",
-)
 SEQUENCE_LENGTH = 50  # features.sequence_length of a din run when the config keeps no sequence
 SYNTHETIC_IMPRESSIONS = (300_000, 50_000)  # full, --quick
 SYNTHETIC_BLOCK = (50_000, 10_000)
@@ -379,29 +369,6 @@ def run_world(
         **scored,
         "runs": timing,
     }
-
-
-def conversion_summary(metrics_csv: Path) -> dict[str, Any]:
-    """An esmm run's conversion task: block means of its progressive ``cvr_`` metrics (``metrics.csv``)
-    over the blocks its champion had a started conversion tower for (``cvr_started``: the tower
-    starts once a block's corrections have caught up with its clicks, a conversion window into the
-    stream; before, pCVR is a constant 1/2), the conversions it saw, and per block pCTCVR's and
-    pCVR's AUC."""
-    with metrics_csv.open() as f:
-        rows = [r for r in csv.DictReader(f) if float(r.get("online_cvr_started") or 0) == 1.0]
-    out: dict[str, Any] = {
-        "blocks": len(rows),
-        "block_indexes": [int(r["block"]) for r in rows],
-        "corrections": sum(int(r.get("corrections") or 0) for r in rows),
-        "positives": sum(float(r.get("online_cvr_positives") or 0) for r in rows),
-    }
-    for m in CONVERSION_METRICS:
-        vals = [float(r.get(f"online_cvr_{m}") or "nan") for r in rows]
-        finite = [v for v in vals if np.isfinite(v)]
-        out[m] = float(np.mean(finite)) if finite else float("nan")
-    out["per_block_auc"] = [float(r.get("online_cvr_auc") or "nan") for r in rows]
-    out["per_block_clicked_auc"] = [float(r.get("online_cvr_clicked_auc") or "nan") for r in rows]
-    return out
 
 
 def add_base_rate(blocks: dict[int, dict[str, Any]]) -> None:

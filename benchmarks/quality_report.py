@@ -13,6 +13,7 @@ backtest's paired percentile bootstrap over examples (:mod:`pipeline.replay.boot
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 from pipeline.replay.bootstrap import paired_bootstrap_auc, percentile_ci
 from trainers.metrics import block_metrics
 
-__all__ = ["checks", "markdown", "plot_world", "score_world"]
+__all__ = ["checks", "conversion_summary", "markdown", "plot_world", "score_world"]
 
 METRICS = ("auc", "logloss", "ne", "calibration")
 BLOCK_MIN_POSITIVES = 100  # a block's NE is judged only with this many clicks (fewer: too noisy)
@@ -162,6 +163,51 @@ def markdown(worlds: Mapping[str, Mapping[str, Any]], learners: Sequence[str]) -
                 f"| {_f(c['calibration'], 3)} |"
             )
     return "\n".join(lines)
+
+
+def conversion_summary(metrics_csv: Path) -> dict[str, Any]:
+    """An esmm run's conversion task over the blocks its champion had a started conversion tower
+    for (``cvr_started``: the tower starts once a block's corrections have caught up with its
+    clicks, a conversion window into the stream; before, pCVR is a constant 1/2), from its
+    progressive ``cvr_`` metrics (``metrics.csv``): logloss, NE and calibration pooled over those
+    blocks' rows (exact from each block's rows, positives, mean prediction and logloss), AUCs as
+    the blocks' mean weighted by their conversions, so that a small block (a replay's last one:
+    only the corrections flushed at the stream's end) counts for what it holds; and per block
+    pCTCVR's and pCVR's AUC and pCTCVR's calibration."""
+    with metrics_csv.open() as f:
+        rows = [r for r in csv.DictReader(f) if float(r.get("online_cvr_started") or 0) == 1.0]
+
+    def col(r: dict[str, str], m: str) -> float:
+        return float(r.get(f"online_cvr_{m}") or "nan")
+
+    n = np.array([col(r, "examples") for r in rows])
+    k = np.array([col(r, "positives") for r in rows])
+    out: dict[str, Any] = {
+        "blocks": len(rows),
+        "block_indexes": [int(r["block"]) for r in rows],
+        "corrections": sum(int(r.get("corrections") or 0) for r in rows),
+        "positives": float(k.sum()),
+        "examples": float(n.sum()),
+    }
+    for m in ("auc", "clicked_auc", "auc_by_ctr", "clicked_auc_by_ctr", "clicked_calibration"):
+        v = np.array([col(r, m) for r in rows])
+        ok = np.isfinite(v) & (k > 0)
+        out[m] = float(np.average(v[ok], weights=k[ok])) if ok.any() else float("nan")
+    rate = k.sum() / n.sum() if n.sum() else float("nan")
+    logloss = float(np.nansum([col(r, "logloss") * nb for r, nb in zip(rows, n, strict=True)]) / n.sum())
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log1p(-rate)) if 0 < rate < 1 else float("nan")
+    predicted = np.nansum([col(r, "mean_prediction") * nb for r, nb in zip(rows, n, strict=True)])
+    out |= {
+        "rate": float(rate),
+        "logloss": logloss,
+        "ne": float(logloss / entropy),
+        "calibration": float(predicted / k.sum()) if k.sum() else float("nan"),
+    }
+    out["per_block_auc"] = [col(r, "auc") for r in rows]
+    out["per_block_clicked_auc"] = [col(r, "clicked_auc") for r in rows]
+    out["per_block_calibration"] = [col(r, "calibration") for r in rows]
+    out["per_block_examples"] = n.tolist()
+    return out
 
 
 def plot_world(name: str, world: Mapping[str, Any], learners: Sequence[str], path: Path) -> Path:

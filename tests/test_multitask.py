@@ -256,6 +256,7 @@ def test_conversion_metrics_read_only_rows_of_known_conversion() -> None:
     assert m["cvr_examples"] == want["count"] == 4 and m["cvr_rate"] == want["ctr"]
     assert m["cvr_logloss"] == want["logloss"] and m["cvr_auc"] == want["auc"]
     assert m["cvr_clicked_auc"] == 1.0  # rows 2 and 3: pCVR 0.6 converted, 0.2 did not
+    assert m["cvr_clicked_calibration"] == pytest.approx((0.6 + 0.2) / 2 / 0.5)  # pCVR's level there
     none = conversion_metrics(labels, None, p)
     assert none["cvr_examples"] == 0 and math.isnan(none["cvr_logloss"])
 

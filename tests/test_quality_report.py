@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from quality_report import checks, markdown, score_world
+from quality_report import checks, conversion_summary, markdown, score_world
 
 
 def blocks(n_blocks: int = 4, n: int = 5_000, seed: int = 0) -> list[dict]:
@@ -74,3 +75,27 @@ def test_din_gets_its_paired_margin_over_the_default_model() -> None:
     margin = world["margins"]["din_vs_default"]
     assert margin["auc"] > 0 and margin["auc_ci95"][0] > 0
     assert world["margins"]["default_vs_ftrl"]["auc"] == 0
+
+
+def test_conversion_summary_pools_the_started_blocks_by_their_rows(tmp_path: Path) -> None:
+    """Two started blocks of 1,000 rows and a flushed tail of 10: pooled, the tail counts for its
+    rows (a block mean would give it a third of every figure); the block before the start is out."""
+    cols = "block,corrections,online_cvr_started,online_cvr_examples,online_cvr_positives"
+    cols += ",online_cvr_mean_prediction,online_cvr_logloss,online_cvr_auc,online_cvr_clicked_auc"
+    cols += ",online_cvr_auc_by_ctr,online_cvr_clicked_auc_by_ctr,online_cvr_clicked_calibration"
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        cols
+        + "\n0,5,0,1000,1,0.5,0.7,0.5,0.5,0.5,0.5,5"
+        + "\n1,50,1,1000,10,0.01,0.05,0.8,0.6,0.7,0.5,1"
+        + "\n2,50,1,1000,10,0.01,0.06,0.6,0.6,0.7,0.5,1"
+        + "\n3,10,1,10,2,0.01,1.0,0.4,0.4,0.4,0.4,0.5\n"
+    )
+    c = conversion_summary(path)
+    assert c["block_indexes"] == [1, 2, 3] and c["positives"] == 22 and c["corrections"] == 110
+    assert c["calibration"] == pytest.approx((10 + 10 + 0.1) / 22)
+    rate = 22 / 2010
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log1p(-rate))
+    assert c["ne"] == pytest.approx((50 + 60 + 10) / 2010 / entropy)
+    assert c["auc"] == pytest.approx((0.8 * 10 + 0.6 * 10 + 0.4 * 2) / 22)
+    assert c["clicked_calibration"] == pytest.approx((10 + 10 + 1) / 22)

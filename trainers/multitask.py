@@ -20,10 +20,11 @@ model never learns a correction (:meth:`trainers.encoding.EncodedBatch.without_c
 Conversion metrics (:func:`conversion_metrics`, keys prefixed ``cvr_``) score pCTCVR against the
 conversion over the rows whose conversion is known, like :func:`trainers.metrics.block_metrics`
 (``cvr_examples``, ``cvr_positives``, ``cvr_rate``, ``cvr_auc``, ``cvr_logloss``, ...), plus
-``cvr_clicked_auc``: pCVR's AUC over the clicked impressions with a known conversion, the CVR
-tower's own ranking (pCTCVR's AUC also rewards a good click ranking: every converting row was
-clicked). The gate's conversion check (:func:`conversion_gate`) has the click gate's form: the
-candidate's ``cvr_logloss`` may exceed the champion's by the fraction ``trainer.conversion_gate_tolerance``.
+``cvr_clicked_auc`` and ``cvr_clicked_calibration``: pCVR's AUC and calibration over the clicked
+impressions with a known conversion, the CVR tower's own ranking and level (pCTCVR's AUC also
+rewards a good click ranking: every converting row was clicked). The gate's conversion check
+(:func:`conversion_gate`) has the click gate's form: the candidate's ``cvr_logloss`` may exceed
+the champion's by the fraction ``trainer.conversion_gate_tolerance``.
 
 >>> cand = {"cvr_examples": 50.0, "cvr_positives": 4.0, "cvr_logloss": 0.2, "cvr_mean_prediction": 0.1}
 >>> conversion_gate(cand, {"cvr_logloss": 0.1}, 0.01).kind
@@ -45,7 +46,7 @@ from torch import nn
 
 from trainers.calibration import IDENTITY, apply_platt
 from trainers.gate import GateDecision, within_tolerance
-from trainers.metrics import auc, block_metrics
+from trainers.metrics import auc, block_metrics, calibration
 
 __all__ = [
     "CONVERSION_COLUMN",
@@ -178,6 +179,7 @@ def conversion_metrics(labels: np.ndarray, conversions: np.ndarray | None, p: np
     out = {PREFIX + _RENAMED.get(k, k): v for k, v in metrics.items()}
     clicked = known & (labels > 0.5)
     out[PREFIX + "clicked_auc"] = auc(y[clicked[known]], p[clicked, 1]) if clicked.any() else math.nan
+    out[PREFIX + "clicked_calibration"] = calibration(y[clicked[known]], p[clicked, 1])
     out[PREFIX + "auc_by_ctr"] = auc(y, p[known, 0]) if known.any() else math.nan
     out[PREFIX + "clicked_auc_by_ctr"] = auc(y[clicked[known]], p[clicked, 0]) if clicked.any() else math.nan
     return out

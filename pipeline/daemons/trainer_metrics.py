@@ -41,12 +41,12 @@ def record_block(m: Registry, report: Any) -> None:
             m.gauge(
                 f"ctr_trainer_progressive_{name}", "the champion on the last block, before learning it"
             ).set(report.online[name])
-    for name in ("auc", "clicked_auc", "logloss"):  # a multi-task champion's conversion task
-        if f"cvr_{name}" in report.online:
+    for name in ("auc", "clicked_auc", "clicked_calibration", "logloss"):  # a multi-task champion's
+        if f"cvr_{name}" in report.online:  # conversion task
             m.gauge(
                 f"ctr_trainer_progressive_cvr_{name}",
                 "the champion's conversion task on the last block, before learning it (pCTCVR; "
-                "clicked_auc: pCVR among clicks)",
+                "clicked_*: pCVR among clicks)",
             ).set(report.online[f"cvr_{name}"])
 
 
