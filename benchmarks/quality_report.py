@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.replay.bootstrap import paired_bootstrap_auc, percentile_ci
-from trainers.metrics import block_metrics
+from trainers.metrics import base_rate_entropy, block_metrics
 
 __all__ = ["checks", "conversion_summary", "markdown", "plot_world", "score_world"]
 
@@ -193,15 +193,18 @@ def conversion_summary(metrics_csv: Path) -> dict[str, Any]:
         v = np.array([col(r, m) for r in rows])
         ok = np.isfinite(v) & (k > 0)
         out[m] = float(np.average(v[ok], weights=k[ok])) if ok.any() else float("nan")
+
+    def row_sum(m: str) -> float:  # a per-row mean times the block's rows, summed over the blocks
+        return float(np.nansum([col(r, m) for r in rows] * n))
+
     rate = k.sum() / n.sum() if n.sum() else float("nan")
-    logloss = float(np.nansum([col(r, "logloss") * nb for r, nb in zip(rows, n, strict=True)]) / n.sum())
-    entropy = -(rate * np.log(rate) + (1 - rate) * np.log1p(-rate)) if 0 < rate < 1 else float("nan")
-    predicted = np.nansum([col(r, "mean_prediction") * nb for r, nb in zip(rows, n, strict=True)])
+    logloss = row_sum("logloss") / n.sum() if n.sum() else float("nan")
+    entropy = base_rate_entropy(rate) or float("nan")
     out |= {
         "rate": float(rate),
         "logloss": logloss,
-        "ne": float(logloss / entropy),
-        "calibration": float(predicted / k.sum()) if k.sum() else float("nan"),
+        "ne": logloss / entropy,
+        "calibration": row_sum("mean_prediction") / k.sum() if k.sum() else float("nan"),
     }
     out["per_block_auc"] = [col(r, "auc") for r in rows]
     out["per_block_clicked_auc"] = [col(r, "clicked_auc") for r in rows]

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.metrics import EPS
+from trainers.metrics import EPS, base_rate_entropy
 
 __all__ = ["BINS", "ABReadout", "ArmStats", "Z", "compare", "hanley_mcneil_se", "wilson"]
 
@@ -87,12 +87,6 @@ def _bins(scores: np.ndarray) -> np.ndarray:
     logit = np.log(q) - np.log1p(-q)
     idx = np.floor((logit + _LOGIT_RANGE) / (2 * _LOGIT_RANGE) * BINS)
     return np.clip(idx, 0, BINS - 1).astype(np.int64)
-
-
-def _entropy(rate: float) -> float:
-    if rate <= 0.0 or rate >= 1.0:
-        return 0.0
-    return -(rate * math.log(rate) + (1.0 - rate) * math.log1p(-rate))
 
 
 class ArmStats:
@@ -162,7 +156,7 @@ class ArmStats:
         }
         n = self.scored
         rate = self.scored_clicks / n if n else nan
-        h = _entropy(rate) if n else 0.0
+        h = base_rate_entropy(rate) if n else 0.0
         mean_ll = self.sum_ll / n if n else nan
         ll_se = math.sqrt(max(self.sum_ll_sq / n - mean_ll * mean_ll, 0.0) / n) if n else nan
         mean_score = self.sum_score / n if n else nan

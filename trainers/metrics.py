@@ -20,6 +20,7 @@ __all__ = [
     "EPS",
     "UNDEFINED_ON_ONE_CLASS",
     "auc",
+    "base_rate_entropy",
     "block_metrics",
     "calibration",
     "logloss",
@@ -66,7 +67,8 @@ def logloss(y: np.ndarray, p: np.ndarray) -> float:
     return float(-np.mean(y * np.log(q) + (1.0 - y) * np.log1p(-q)))
 
 
-def _entropy(rate: float) -> float:
+def base_rate_entropy(rate: float) -> float:
+    """Entropy (nats) of always predicting ``rate``: normalized entropy's denominator; 0 at 0 or 1."""
     if rate <= 0.0 or rate >= 1.0:
         return 0.0
     return -(rate * math.log(rate) + (1.0 - rate) * math.log1p(-rate))
@@ -75,7 +77,7 @@ def _entropy(rate: float) -> float:
 def normalized_entropy(y: np.ndarray, p: np.ndarray) -> float:
     """Logloss divided by the entropy of the block's base rate (He et al. 2014); < 1 beats the prior."""
     y, _ = _arrays(y, p)
-    h = _entropy(float(y.mean())) if y.size else 0.0
+    h = base_rate_entropy(float(y.mean())) if y.size else 0.0
     return logloss(y, p) / h if h > 0.0 else math.nan
 
 
