@@ -39,6 +39,7 @@ __all__ = ["Validator"]
 _ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _MIN_TS = 946_684_800_000  # 2000-01-01: anything earlier is certainly a unit or parsing mistake
+_MAX_TS = 253_402_300_799_999  # 9999-12-31, whatever the clock (a replay may judge against none)
 _RAW_PREFIX = 1_024  # bytes of a rejected event kept in its dead letter
 
 
@@ -209,6 +210,8 @@ class Validator:
             raise _Reject("bad_type", f"'ts' is {type(ts).__name__}, expected integer epoch ms")
         if ts < _MIN_TS or (now and ts < now - self.cfg.max_past_age_s * 1000):
             raise _Reject("ts_too_old", f"ts {ts} is older than {self.cfg.max_past_age_s:g}s before {now}")
+        if ts > _MAX_TS:
+            raise _Reject("ts_in_future", f"ts {ts} is after the year 9999: not epoch milliseconds")
         if now and ts > now + self.cfg.max_future_skew_s * 1000:
             raise _Reject("ts_in_future", f"ts {ts} is more than {self.cfg.max_future_skew_s:g}s after {now}")
         return ts

@@ -7,11 +7,11 @@ A base of :class:`pipeline.join.joiner.Joiner`, kept apart so that the join rule
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core import fast_json
 from pipeline.core.events import Click, Impression
 from pipeline.join.stats import JoinStats, Rejection
 
@@ -103,16 +103,16 @@ class JoinerCheckpoints:
             if pending is not None and pending.impression.user_id == user:
                 if pending.entry is None:
                     entry = ["p", *_pending_fields(pending)]
-                    pending.entry = json.dumps(entry, separators=(",", ":")).encode()
+                    pending.entry = fast_json.dumps(entry)
                 out.append(pending.entry)
                 continue
             click = self._early.get(iid)
             if click is not None and click.user_id == user:
-                out.append(json.dumps(["e", click.to_dict()], separators=(",", ":")).encode())
+                out.append(fast_json.dumps(["e", click.to_dict()]))
                 continue
             done = self._done.get(iid)
             if done is not None and pending is None and click is None:
-                out.append(json.dumps(["d", iid, done], separators=(",", ":")).encode())
+                out.append(fast_json.dumps(["d", iid, done]))
                 continue
             del owned[iid]  # forgotten, or another user's now
         if not owned:

@@ -23,10 +23,10 @@ restored from its changelog is the task that wrote it (same examples, same featu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core import fast_json
 from pipeline.core.config import JoinerConfig
 from pipeline.join.partition_task import PartitionTask
 
@@ -85,7 +85,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
                 "joiner's, or was written by a different version"
             )
         return None
-    header = json.loads(raw_header)
+    header = fast_json.loads(raw_header)
     window, horizon = int(cfg.attribution_window_s * 1000), int(cfg.dedup_horizon_s * 1000)
     hold = int(cfg.early_click_hold_s * 1000)
     conv_window = int(cfg.conversion_window_s * 1000)
@@ -101,7 +101,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
         kind, ident = key[:1], key[1:].decode()
         if kind == HEADER:
             continue
-        value = json.loads(raw)
+        value = fast_json.loads(raw)
         if kind == b"i":
             items[ident] = value
             continue
@@ -143,4 +143,4 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return fast_json.dumps(value)
