@@ -189,6 +189,28 @@ def test_labelled_example_json_round_trip(v: Validator) -> None:
     assert LabelledExample.from_json(ex.to_json()) == ex
 
 
+def test_an_example_with_what_orjson_refuses_round_trips_by_the_stdlib(v: Validator) -> None:
+    # a lone surrogate passes validation (the stdlib decodes "\ud800"); orjson can neither write nor
+    # read it, so fast_json falls back for that example, and it still reads back equal
+    raw = json.dumps({**GOOD_IMP, "features": {"site": "\ud800x", "slot": "é"}}).encode()
+    a = v.impression(raw)
+    assert isinstance(a, Impression) and a.features["site"] == "\ud800x"
+    ex = LabelledExample(a, 0, NOW, {"user_ctr_1h": 0.25, "user_clicked_items": ["b", "a"]})
+    assert LabelledExample.from_json(ex.to_json()) == ex
+    plain = LabelledExample(v.impression({**GOOD_IMP, "features": {"slot": "é"}}), 1, NOW)  # type: ignore[arg-type]
+    assert "é".encode() in plain.to_json() and LabelledExample.from_json(plain.to_json()) == plain
+    keys = list(json.loads(ex.to_json()))
+    assert keys == sorted(keys)  # sorted keys on both paths
+
+
+def test_a_timestamp_past_9999_is_refused_even_with_no_clock_to_judge_it() -> None:
+    no_clock = Validator(ValidationConfig(), clock=ManualClock(0))
+    for ts in (10**30, 2**64, 253_402_300_800_000):
+        out = no_clock.impression({**GOOD_IMP, "ts": ts})
+        assert isinstance(out, DeadLetter) and out.reason == "ts_in_future", ts
+    assert isinstance(no_clock.impression({**GOOD_IMP, "ts": 253_402_300_799_999}), Impression)
+
+
 @pytest.mark.parametrize("score", [0, 0.0, 0.37, 1])
 def test_served_version_and_score_are_carried_into_the_example(v: Validator, score: float) -> None:
     a = v.impression({**GOOD_IMP, "model_version": "12", "score": score})
