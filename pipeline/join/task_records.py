@@ -63,14 +63,14 @@ def changes(task: PartitionTask) -> Records:
         flat = users.get(user) or task.features.user_state(user)
         seq = task.features.user_sequence_state(user)
         value = b'{"f":%s,"j":[%s]%s}' % (
-            _dumps(flat),
+            fast_json.dumps(flat),
             b",".join(joiner.entries(user)),
-            b',"s":' + _dumps(seq) if seq else b"",
+            b',"s":' + fast_json.dumps(seq) if seq else b"",
         )
         out.append((b"u" + user.encode(), value))
     joiner.changed = set()
-    out += [(b"i" + i.encode(), _dumps(flat)) for i, flat in items.items()]
-    out.append((HEADER, _dumps(header)))
+    out += [(b"i" + i.encode(), fast_json.dumps(flat)) for i, flat in items.items()]
+    out.append((HEADER, fast_json.dumps(header)))
     return out
 
 
@@ -140,7 +140,3 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
         },
         "next_offsets": header["next_offsets"],
     }
-
-
-def _dumps(value: Any) -> bytes:
-    return fast_json.dumps(value)
