@@ -319,12 +319,15 @@ def floor(
     args: argparse.Namespace, store: Any, model_name: str, version: str, bodies: list[bytes]
 ) -> dict[str, float]:
     """The per-request floor in this process, one thread: JSON in, the direct Redis read, the
-    forward on one torch thread, JSON out; no HTTP, no queueing (what the server adds is the rest)."""
+    forward on one torch thread, JSON out; no HTTP, no queueing (what the server adds is the rest).
+    With behaviour sequences (din), also the sequence lengths the requests' users had: a forward
+    attends over the behaviours a user has, not over ``features.sequence_length``."""
     import torch
 
     from features.redis_reader import RedisFeatureReader
     from pipeline.core.config import Config, RegistryConfig
     from pipeline.core.pseudonyms import Pseudonymizer
+    from trainers.encoding import SEQUENCE_KEY
     from trainers.registry import MlflowModelStore
 
     torch.set_num_threads(1)
@@ -333,12 +336,13 @@ def floor(
     learner.use_inference(cfg.serving.inference)  # the forward the replica runs
     reader = RedisFeatureReader.for_store(store, feature_config(args))
     pseudo = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
-    times, cpu = [], []
+    times, cpu, lengths = [], [], []
     for i in range(args.floor_requests):
         t, c = time.perf_counter(), time.thread_time()
         req = json.loads(bodies[i % len(bodies)])
         user = pseudo(req["user_id"])
         feats = reader.get(user, list(req["items"]))
+        lengths.append(len(feats[0].get(SEQUENCE_KEY, ())))
         answer: dict[str, Any] = {"version": version, "arm": "champion", "replica": "r"}
         if learner.multi_task:  # as the replica scores it: one forward for both tasks
             both = learner.predict_request_tasks(user, req["items"], req["context"], feats)
@@ -349,7 +353,31 @@ def floor(
         json.dumps(answer)
         times.append((time.perf_counter() - t) * 1000.0)
         cpu.append((time.thread_time() - c) * 1000.0)
-    return percentiles(times) | {"cpu_ms": round(float(np.median(cpu)), 3)}
+    out = percentiles(times) | {"cpu_ms": round(float(np.median(cpu)), 3)}
+    if feature_config(args).sequence_length:
+        out["sequence_length"] = {q: int(np.percentile(lengths, p)) for q, p in (("p50", 50), ("p99", 99))}
+        out["sequence_length"]["max"] = max(lengths)
+    return out
+
+
+def longest_sequences(
+    args: argparse.Namespace, store: Any, users: list[str], bodies: list[bytes]
+) -> list[bytes]:
+    """``bodies`` with their users replaced by the users whose behaviour sequences are longest (full
+    at ``features.sequence_length`` in this traffic): a sequence model's costliest requests."""
+    from features.redis_reader import RedisFeatureReader
+    from pipeline.core.config import Config
+    from pipeline.core.pseudonyms import Pseudonymizer
+    from trainers.encoding import SEQUENCE_KEY
+
+    reader = RedisFeatureReader.for_store(store, feature_config(args))
+    pseudo = Pseudonymizer(Config().validation.pseudonym_key.get_secret_value(), "u_")
+    length = {u: len(reader.get(pseudo(u), ["item-0"])[0].get(SEQUENCE_KEY, ())) for u in users}
+    longest = max(length.values())
+    heavy = [u for u in users if length[u] == longest]
+    return [
+        json.dumps(json.loads(b) | {"user_id": heavy[i % len(heavy)]}).encode() for i, b in enumerate(bodies)
+    ]
 
 
 def feature_reads(
@@ -480,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(500)
             ]
             floor_ms = floor(args, store, model_name, versions[0], bodies)
+            if feature_config(args).sequence_length:  # the same requests from the heaviest users
+                heavy = longest_sequences(args, store, users, bodies)
+                floor_ms["longest_sequences"] = floor(args, store, model_name, versions[0], heavy)
             if args.workers:
                 env["CTR_SERVING_WORKERS"] = str(args.workers)
             grid: dict[str, dict[str, Any]] = {}
@@ -572,6 +603,13 @@ def main(argv: list[str] | None = None) -> int:
         f"\nfloor (in process: JSON + Redis read + forward + JSON): p50 {floor_ms['p50_ms']:.2f} ms"
         f" ({floor_ms['cpu_ms']:.2f} ms of CPU)"
     )
+    if "sequence_length" in floor_ms:
+        longest = floor_ms["longest_sequences"]
+        print(
+            f"  behaviour sequences of the requests' users: {floor_ms['sequence_length']}; the same requests "
+            f"from the users with the longest ({longest['sequence_length']['max']}): "
+            f"p50 {longest['p50_ms']:.2f} ms ({longest['cpu_ms']:.2f} ms of CPU)"
+        )
     print(f"{'grid':<22}{'p50 ms':>9}{'p99 ms':>9}{'qps':>8}{'errors':>8}")
     for name, ph in grid.items():
         print(f"{name:<22}{ph['p50_ms']:>9.2f}{ph['p99_ms']:>9.2f}{ph['qps']:>8.1f}{ph['errors']:>8}")

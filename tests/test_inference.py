@@ -124,3 +124,29 @@ def test_serving_inference_is_a_checked_choice_defaulting_to_torchscript() -> No
     assert load_config(env={"CTR_SERVING_INFERENCE": "eager"}).serving.inference == "eager"
     with pytest.raises(ConfigError, match=r"serving\.inference must be one of"):
         load_config(env={"CTR_SERVING_INFERENCE": "onnx"})
+
+
+@pytest.mark.parametrize("path", ["eager", "torchscript"])
+def test_din_scores_a_short_sequence_over_its_used_columns_as_over_all_of_them(path: str) -> None:
+    """A request reads only the sequence columns its user fills (a user with 3 clicks: 3 of 10);
+    the probabilities are those of the full-width inputs, where the rest is masked."""
+    from trainers.calibration import apply_platt
+    from trainers.encoding import SEQUENCE_KEY
+
+    learner = trained("din", sequence_length=10)
+    assert learner.use_inference(path) == path
+    items = [f"item{i}" for i in range(100)]
+    seen: list[int] = []
+    learner.model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    for clicked in (["item3", "item7", "item1"], []):
+        stream = [{SEQUENCE_KEY: clicked}] * len(items)
+        batch = learner.encoder.encode_request("u_1", items, {"site": "site1"}, None, stream)
+        assert batch.ids.shape[1] == len(learner.encoder.fields) + 10
+        learner.model.eval()
+        with torch.inference_mode():
+            full = learner.model(torch.from_numpy(batch.ids), torch.from_numpy(batch.dense)).double().numpy()
+        want = apply_platt(full, learner.calibration)
+        got = learner.predict_request("u_1", items, {"site": "site1"}, stream)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    if path == "eager":  # the traced graph runs without the module's hooks
+        assert seen[1::2] == [len(learner.encoder.fields) + 3, len(learner.encoder.fields) + 1]

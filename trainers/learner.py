@@ -379,8 +379,13 @@ class TorchLearner:
     def _score(
         self, batch: EncodedBatch, traced: Scorer | None, eager: Scorer, *, columns: int = 0
     ) -> np.ndarray:
-        """``traced`` (else ``eager``) over ``batch`` in chunks; ``columns`` 0: one logit per row."""
+        """``traced`` (else ``eager``) over ``batch`` in chunks; ``columns`` 0: one logit per row.
+
+        A sequence model reads only the behaviour-sequence columns some row of the chunk uses
+        (:meth:`EncodedBatch.without_unused_sequence`): a request for a user with 3 clicks attends
+        over 3 behaviours, not ``sequence_length``."""
         out = []
+        n_fields = len(self.encoder.fields) if self.encoder.sequence_length else None
         forward = traced
         if forward is None:
             self.model.eval()  # a walk over every submodule: not for the traced graph (frozen in eval)
@@ -388,6 +393,8 @@ class TorchLearner:
         with torch.inference_mode(), self._autocast():
             for start in range(0, len(batch), _PREDICT_CHUNK):
                 part = batch[start : start + _PREDICT_CHUNK]
+                if n_fields is not None:
+                    part = part.without_unused_sequence(n_fields)
                 logits = forward(self._put(part.ids), self._put(part.dense))
                 out.append(logits.float().cpu().numpy())
         if not out:
