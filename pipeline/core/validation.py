@@ -12,6 +12,8 @@ Clock skew and age are judged against the time each event entered the system
 (:attr:`RawEvent.entered_ms`: the Kafka record's timestamp in the daemons, the replay's reference
 time in replays), never against an unrelated wall clock; a gap in event time is no reason to reject.
 
+Payload bytes are parsed by :mod:`pipeline.core.event_payload` (orjson, the stdlib behind it).
+
 >>> v = Validator(ValidationConfig(), clock=ManualClock(1_767_225_600_000))
 >>> imp = v.impression({"impression_id": "i1", "ts": 1_767_225_599_000, "user_id": "alice", "item_id": "ad7",
 ...                     "features": {"site": "news"}})
@@ -30,6 +32,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.core.config import ValidationConfig
+from pipeline.core.event_payload import Refused as _Reject
+from pipeline.core.event_payload import decode_payload
 from pipeline.core.events import Click, Conversion, DeadLetter, Impression
 from pipeline.core.pseudonyms import Pseudonymizer, identifier_pattern
 from pipeline.core.types import Clock, ManualClock, RawEvent
@@ -41,13 +45,6 @@ _KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _MIN_TS = 946_684_800_000  # 2000-01-01: anything earlier is certainly a unit or parsing mistake
 _MAX_TS = 253_402_300_799_999  # 9999-12-31, whatever the clock (a replay may judge against none)
 _RAW_PREFIX = 1_024  # bytes of a rejected event kept in its dead letter
-
-
-class _Reject(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 _IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense"}
@@ -156,23 +153,7 @@ class Validator:
         return DeadLetter(reason, detail[:300], raw.kind, data, raw.source, raw.partition, raw.offset)
 
     def _decode(self, value: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
-        if isinstance(value, Mapping):
-            return value
-        if not isinstance(value, bytes | bytearray):
-            raise _Reject("bad_type", f"event payload is {type(value).__name__}, expected bytes")
-        if len(value) > self.cfg.max_event_bytes:
-            raise _Reject("too_large", f"event is {len(value)} bytes, limit {self.cfg.max_event_bytes}")
-        try:
-            text = bytes(value).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _Reject("bad_encoding", f"not UTF-8: {exc.reason} at byte {exc.start}") from None
-        try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise _Reject("bad_json", f"not JSON: {str(exc)[:120]}") from None
-        if not isinstance(obj, dict):
-            raise _Reject("not_an_object", f"JSON {type(obj).__name__}, expected an object")
-        return obj
+        return value if isinstance(value, Mapping) else decode_payload(value, self.cfg.max_event_bytes)
 
     @staticmethod
     def _check_fields(obj: Mapping[str, Any], allowed: set[str], required: tuple[str, ...]) -> None:
