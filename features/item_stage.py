@@ -72,10 +72,9 @@ class ItemStage:
         """The stage of a configuration (delay = ``joiner.attribution_window_s + watermark_lag_s``),
         fresh or restored from ``state`` (:meth:`to_state`)."""
         j = cfg.joiner
-        delay_ms = round((j.attribution_window_s + j.watermark_lag_s) * 1_000)
         if state is None:
-            return cls(cfg.features, delay_ms, j.conversion_window_s > 0)
-        return cls.from_state(state, cfg.features, delay_ms, j.conversion_window_s > 0)
+            return cls(cfg.features, j.label_delay_ms, j.conversion_window_s > 0)
+        return cls.from_state(state, cfg.features, j.label_delay_ms, j.conversion_window_s > 0)
 
     def attach(self, examples: list[LabelledExample]) -> list[LabelledExample]:
         """Set each example's item features (in place, merge order) and count it for later ones."""

@@ -20,6 +20,7 @@ from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.ab import ABRouter
 from serving_bridge.feature_fallback import FallbackFeatures, read_async
 from serving_bridge.model_cache import ModelHelper, PreparedModelStore
+from serving_bridge.online_offset import RedisOffsets, offset_key
 from serving_bridge.replica import Replica
 from serving_bridge.server import ReplicaServer, bind, listen_for_swaps, serve_workers
 from serving_bridge.worker_slot import WorkerSlot
@@ -251,6 +252,7 @@ def serve_replica(
         failures_to_back_off=cfg.serving.feature_failures_to_back_off,
     )
     pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
+    offsets = RedisOffsets(cfg.daemon.redis_url, offset_key(cfg.features.project, cfg.registry.model_name))
 
     def replica(alias: str) -> Replica:
         return Replica(
@@ -261,6 +263,7 @@ def serve_replica(
             alias=alias,
             poll_interval_s=cfg.serving.poll_interval_s,
             inference="eager",  # as the store loads it: traced already when serving.inference says so
+            offsets=offsets,
         )
 
     challenger = replica(cfg.serving.challenger_alias) if cfg.serving.challenger_share > 0 else None

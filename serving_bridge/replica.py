@@ -7,7 +7,9 @@ with and the old model is freed when the last of them drops it. A version that f
 the replica on its current version; the failure is counted and retried after a back-off.
 
 The replica learns about a new version by polling the store (``poll_interval_s``) or by
-:meth:`notify` (the trainer's push), whichever comes first.
+:meth:`notify` (the trainer's push), whichever comes first. At each poll it also reads its version's
+online offset (``offsets``, :mod:`serving_bridge.online_offset`), which it adds to every click logit
+of that version; a version without one serves its model's scores.
 
 A multi-task version (a learner whose ``multi_task`` is true: ESMM, :mod:`trainers.multitask`) is
 scored by one ``predict_request_tasks`` call per request, which gives the click probabilities and,
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.feature_fallback import read_async
+from serving_bridge.online_offset import OffsetBoard, shift_probabilities
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 
@@ -73,8 +76,10 @@ class Replica:
     on_swap: Callable[[], None] | None = None  # called on the watcher thread after each swap
     inference: str = "eager"  # serving.inference applied to each loaded version; eager: as the store loads it
     swaps: list[tuple[str, float]] = field(default_factory=list)  # (version, wall time it went live)
+    offsets: OffsetBoard | None = None  # where the trainer publishes each version's online offset
     load_errors: int = 0
     alias_check_errors: int = 0  # registry lookups that failed (MLflow away)
+    offset_errors: int = 0  # offset reads that failed (Redis away): the last one read is kept
 
     def __post_init__(self) -> None:
         self._current: LoadedModel | None = None
@@ -83,6 +88,7 @@ class Replica:
         self._thread: threading.Thread | None = None
         self._failed: dict[str, float] = {}
         self._lock = threading.Lock()  # one swap at a time (poll thread vs. an explicit check)
+        self._offset: tuple[str | None, float] = (None, 0.0)  # (version, online offset), one reference
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Replica:
@@ -128,6 +134,7 @@ class Replica:
                         exc_info=True,
                     )
                 failing = True
+            self.read_offset()
             self._wake.wait(self.poll_interval_s)
             self._wake.clear()
 
@@ -159,6 +166,23 @@ class Replica:
             if self.on_swap is not None:
                 self.on_swap()
             return True
+
+    def read_offset(self) -> float:
+        """Read the serving version's online offset (kept as it was if the board cannot be read)."""
+        version = self.version
+        if self.offsets is None or version is None:
+            return 0.0
+        try:
+            offset = self.offsets.get(version)
+        except Exception:  # Redis away: keep serving with the last offset of this version
+            self.offset_errors += 1
+            if self.offset_errors == 1 or self.offset_errors % 600 == 0:
+                log.warning(
+                    "replica %s: online offset unreadable; keeping the last one", self.name, exc_info=True
+                )
+            return self._offset[1] if self._offset[0] == version else 0.0
+        self._offset = (version, 0.0 if offset is None else offset)
+        return self._offset[1]
 
     @staticmethod
     def _warm(learner: Any) -> None:
@@ -218,8 +242,13 @@ class Replica:
         if dense is not None and len(dense) != len(item_ids):
             raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
         stream = [{}] * len(item_ids) if feats is None else feats
+        version, offset = self._offset
+        offset = offset if version == current.version else 0.0
         if current.multi_task:  # one forward for both tasks; column 0 is predict_request's pCTR
             both = current.learner.predict_request_tasks(user, item_ids, context, stream, dense)
-            return ScoreResult(current.version, self.name, both[:, 0].tolist(), both[:, 1].tolist())
+            clicks = both[:, 0] if offset == 0.0 else shift_probabilities(both[:, 0], offset)
+            return ScoreResult(current.version, self.name, clicks.tolist(), both[:, 1].tolist())
         probs = current.learner.predict_request(user, item_ids, context, stream, dense)
+        if offset != 0.0:
+            probs = shift_probabilities(probs, offset)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])

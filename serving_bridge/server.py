@@ -45,7 +45,15 @@ from serving_bridge.feature_fallback import FallbackFeatures
 from serving_bridge.http_protocol import DrainingServer, JsonErrorsProtocol
 from serving_bridge.worker_slot import WorkerSlot
 
-__all__ = ["NOTIFY_CHANNEL", "ReplicaServer", "bind", "kafka_partition", "listen_for_swaps", "serve_workers"]
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "ReplicaServer",
+    "announce_swap",
+    "bind",
+    "kafka_partition",
+    "listen_for_swaps",
+    "serve_workers",
+]
 
 log = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "ctr:champion-moved"
@@ -59,6 +67,17 @@ class _Notifiable(Protocol):
 def kafka_partition(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` (to find a user's joiner shard)."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def announce_swap(redis_url: str, who: str) -> None:
+    """Tell every replica that an alias moved (:func:`listen_for_swaps`); a failure is logged: they
+    still poll, so a missed push only costs a poll interval."""
+    import redis
+
+    try:
+        redis.Redis.from_url(redis_url).publish(NOTIFY_CHANNEL, b"1")
+    except Exception:
+        log.warning("%s: could not announce the alias move on Redis", who, exc_info=True)
 
 
 def listen_for_swaps(redis_url: str, replica: _Notifiable, stop: threading.Event) -> threading.Thread:

@@ -3,8 +3,11 @@
 For each block (examples ordered by impression time, stable):
 
 1. **progressive validation**: the current champion scores the whole block before learning from it
-   (the honest online metric); so does ``static``, a frozen copy of the model after the first
-   block's fine-tune, to show what freshness buys;
+   (the honest online metric), as serving scored it: with the **online offset** its intercept
+   followed during the block (``trainer.online_offset``, :mod:`trainers.online_offset`: fitted on
+   the block's labels final before each impression; :meth:`IncrementalTrainer.live_offset` is
+   what the trainer publishes while the block fills); so does ``static``, a frozen copy of the
+   model after the first block's fine-tune, to show what freshness buys;
 2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
 3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
 4. if accepted, the candidate **learns the holdout** too (``trainer.learn_holdout``: otherwise the
@@ -69,13 +72,14 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
-from trainers.calibration import apply_platt, fit_platt, fit_shift
+from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
 from trainers.models import is_multi_task
 from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, task_probabilities
+from trainers.online_offset import block_offsets, live_offset
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
 
@@ -173,8 +177,16 @@ class IncrementalTrainer:
         resume: bool = True,
         baselines: Mapping[str, BaselineLearner] | None = None,
         on_scores: Callable[[BlockScores], None] | None = None,
+        label_delay_ms: int | None = None,
+        serves_offset: bool = False,
     ) -> None:
         """``store=None`` trains and gates without publishing (versions stay None).
+
+        ``label_delay_ms``: how long after its impression an example's label is final
+        (:attr:`~pipeline.core.config.JoinerConfig.label_delay_ms`); the online offset
+        (``trainer.online_offset``, :mod:`trainers.online_offset`) needs it, and without it the
+        served scores are the model's. ``serves_offset``: score the examples as they are buffered,
+        for :meth:`live_offset` (a caller that publishes it to replicas).
 
         ``champion``: start from this learner (treated as an accepted champion); otherwise, with
         ``resume``, from the version the store's ``alias`` points at, if any. ``baselines`` and
@@ -189,6 +201,11 @@ class IncrementalTrainer:
             raise ValueError("IncrementalTrainer: baselines may not be named 'online' or 'static'")
         self.on_scores = on_scores
         self.cfg = cfg
+        self.label_delay_ms = label_delay_ms if cfg.online_offset else None
+        self.serves_offset = serves_offset and self.label_delay_ms is not None
+        # the buffered rows' served logits and labels (-1: a correction), scored by _live_for
+        self._live_for: TorchLearner | None = None
+        self._live: list[tuple[np.ndarray, np.ndarray]] = []
         torch.set_num_threads(cpu_threads(cfg))  # the process trains: size torch's pool to share the CPU
         self.store = store
         self.alias = alias
@@ -296,14 +313,56 @@ class IncrementalTrainer:
         done = self._encoded_rows
         if done < len(self._buffer):
             self._encoded.append(encoder.encode(self._buffer[done:]))
+        if self.serves_offset and self.has_champion:
+            self._score_live()
+
+    def _score_live(self) -> None:
+        """Score the encoded rows :meth:`live_offset` has not seen with the champion (all of them
+        again when the champion changed)."""
+        champion = self.champion
+        assert champion is not None
+        if self._live_for is not champion:
+            self._live_for, self._live = champion, []
+        at, done = 0, sum(len(z) for z, _ in self._live)
+        a, b = champion.calibration
+        for piece in self._encoded:
+            if at + len(piece) > done:
+                part = piece[max(0, done - at) :]
+                raw = (
+                    champion.predict_task_logits(part)[:, 0]
+                    if champion.multi_task
+                    else champion.predict_logits(part)
+                )
+                assert part.labels is not None
+                y = part.labels.astype(np.float64)
+                if part.corrections is not None:
+                    y[part.corrections] = -1.0
+                self._live.append((a * raw + b, y))
+            at += len(piece)
+
+    def live_offset(self) -> tuple[str, float] | None:
+        """``(version, offset)`` to serve now (:func:`trainers.online_offset.live_offset` over the
+        examples buffered towards the current block); None before a published champion, or unless
+        built with ``serves_offset``."""
+        champion = self.champion
+        if not self._live or self._live_for is not champion or champion is None or champion.version is None:
+            return None
+        z = np.concatenate([z for z, _ in self._live])
+        y = np.concatenate([y for _, y in self._live])
+        clicks = y >= 0
+        return champion.version, live_offset(z[clicks], y[clicks], recent=self.cfg.online_offset_recent)
 
     def _take(self, n: int) -> tuple[list[LabelledExample], EncodedBatch | None, Encoder | None]:
         """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
         block = self._buffer[:n]
         del self._buffer[:n]
         self._clicks_buffered -= sum(not ex.correction for ex in block)
+        if self._live:  # the rows that stay are the next block's
+            z = np.concatenate([z for z, _ in self._live])
+            y = np.concatenate([y for _, y in self._live])
+            self._live = [(z[n:], y[n:])] if len(z) > n else []
         if self._encoded_rows < n:  # not encoded ahead (block 1)
-            self._encoded = []
+            self._encoded, self._live_for = [], None
             return block, None, None
         encoded = EncodedBatch.concat(self._encoded)
         self._encoded = [encoded[n:]] if len(encoded) > n else []
@@ -333,12 +392,13 @@ class IncrementalTrainer:
         y_click = _rows(y, clicks)
         logits_online = champion.predict_task_logits(batch) if multi else None  # (n, 2): one pass
         raw_online = champion.predict_logits(batch) if logits_online is None else logits_online[:, 0]
-        p_online = apply_platt(raw_online, champion.calibration)
-        online = block_metrics(y_click, _rows(p_online, clicks))
+        p_online = apply_platt(raw_online, champion.calibration)  # the model's: what the gate compares
+        served = self._served(raw_online, champion.calibration, y, ts[order], clicks)  # + the online offset
+        online = block_metrics(y_click, _rows(served, clicks))
         tasks_online = None  # [pCTR, pCVR] of a multi-task champion
         if logits_online is not None:
             tasks_online = task_probabilities(logits_online, champion.calibration)
-            online |= conversion_metrics(y, batch.conversions, tasks_online)
+            online |= conversion_metrics(y, batch.conversions, np.column_stack([served, tasks_online[:, 1]]))
             online["cvr_started"] = float(bool(getattr(champion.model, "cvr_started", True)))
         p_static, static = self._static_scores(batch, clicks)
         fields = batch.first_columns(len(champion.encoder.fields))  # references read no sequence
@@ -413,7 +473,7 @@ class IncrementalTrainer:
         )
         self._skipped = 0
         if self.on_scores is not None:
-            scores = {"online": _rows(p_online, clicks)} | (
+            scores = {"online": _rows(served, clicks)} | (
                 {"static": p_static} if p_static is not None else {}
             )
             scores |= p_base
@@ -462,6 +522,33 @@ class IncrementalTrainer:
         p = _rows(tasks[:, 0], clicks)
         cvr = conversion_metrics(batch.labels, batch.conversions, tasks)
         return p, block_metrics(_rows(batch.labels, clicks), p) | cvr
+
+    def _served(
+        self,
+        raw: np.ndarray,
+        calibration: tuple[float, float],
+        y: np.ndarray,
+        ts: np.ndarray,
+        clicks: np.ndarray | None,
+    ) -> np.ndarray:
+        """Each row's served click probability: the champion's, calibrated, plus the online offset
+        (:func:`~trainers.online_offset.block_offsets`, fitted on the click rows) once an accepted
+        version serves; a correction gets the offset of the click example it came after."""
+        if self.label_delay_ms is None or not self.has_champion:
+            return apply_platt(raw, calibration)
+        a, b = calibration
+        z = a * np.asarray(raw, dtype=np.float64) + b
+        offsets = block_offsets(
+            _rows(z, clicks),
+            _rows(y, clicks),
+            _rows(ts, clicks),
+            delay_ms=self.label_delay_ms,
+            every=self.cfg.online_offset_every,
+            recent=self.cfg.online_offset_recent,
+        )
+        if clicks is not None:
+            offsets = offsets[np.maximum(np.cumsum(clicks) - 1, 0)]
+        return apply_platt(z + offsets, IDENTITY)
 
     def _correct_intercept(self, candidate: TorchLearner, raw: np.ndarray, y: np.ndarray) -> None:
         """Move the candidate's intercept by what the served scores (the champion's, calibrated,

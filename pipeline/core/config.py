@@ -99,6 +99,12 @@ class JoinerConfig(Section):
     # joined (each one is counted as ignored)
     conversion_window_s: Seconds = 0.0
 
+    @property
+    def label_delay_ms(self) -> int:
+        """How long after its impression an example's click label is final (and the merge hands it
+        over): the attribution window plus the watermark lag."""
+        return round((self.attribution_window_s + self.watermark_lag_s) * 1_000)
+
 
 @dataclass(config=CHECKED, repr=False)
 class FeatureConfig(Section):

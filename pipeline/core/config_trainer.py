@@ -68,6 +68,13 @@ class TrainerConfig(Section):
     # (its older part), at gain 1/(k+1) for the k-th block, never below this: the running mean of
     # the offsets (trainers.incremental); 0 = off. Chosen on the quality suite (benchmarks/README.md)
     intercept_gain: Share = 0.1
+    # the served version's intercept follows the labels joined for it during its block: the trainer
+    # fits it (trainers.online_offset) and publishes it, replicas add it to the logit, backtests
+    # score with it. Refitted every online_offset_every examples over the block's newest
+    # online_offset_recent labelled ones. Chosen on the quality suite (benchmarks/README.md)
+    online_offset: bool = True
+    online_offset_every: Count = 1_000
+    online_offset_recent: Count = 20_000
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
     # esmm: and its conversion logloss (pCTCVR on the holdout's rows of known conversion) the

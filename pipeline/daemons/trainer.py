@@ -46,7 +46,8 @@ from pipeline.join.example_merge import ExampleMerge
 from pipeline.kafka.example_records import from_offsets, kafka_offsets, lineage
 from pipeline.kafka.io import KafkaSink, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaExampleSource
-from serving_bridge.server import NOTIFY_CHANNEL
+from serving_bridge.online_offset import OffsetPublisher, RedisOffsets, offset_key
+from serving_bridge.server import announce_swap
 from trainers.ab_publish import publish_quietly
 from trainers.ab_readout import ABReadout
 from trainers.alias_guard import move_alias_unless_moved
@@ -83,8 +84,9 @@ class TrainerDaemon:
             champion.version = meta.get("champion_version")
         store = self.store if self.leader is None else self.leader.store(self.store)
         self.trainer = IncrementalTrainer(
-            cfg.trainer, store, alias=cfg.registry.champion_alias, champion=champion, resume=False
-        )
+            cfg.trainer, store, alias=cfg.registry.champion_alias, champion=champion, resume=False,
+            label_delay_ms=cfg.joiner.label_delay_ms, serves_offset=True,
+        )  # fmt: skip
         self.trainer.blocks = meta.get("blocks", 0)
         self.pos: dict[str, int] = meta.get("positions") or from_offsets(meta.get("offsets", {}))
         self._closing_pos: dict[str, int] = {}
@@ -92,6 +94,8 @@ class TrainerDaemon:
         self.seen = SeenIds(cfg.joiner, meta.get("seen"))
         self.items = TrainerItems(cfg, self.dir / "feast", meta.get("items"))  # global item features
         self.ab = ABReadout.from_dict(meta.get("ab", {}))  # per served version, checkpointed with the offsets
+        board = RedisOffsets(cfg.daemon.redis_url, offset_key(cfg.features.project, cfg.registry.model_name))
+        self.online_offset = OffsetPublisher(board)  # the champion's, to the replicas, while a block fills
         self.counters = {"examples": 0, "duplicates": 0, "dead_letters": 0, "blocks": self.trainer.blocks}
         self.source = KafkaExampleSource(
             k, group_id=f"{k.group_id_prefix}-trainer", on_revoke=self._on_revoke
@@ -157,12 +161,7 @@ class TrainerDaemon:
         log.info("trainer: finished the pending registration: version %s", version)
 
     def _announce(self) -> None:
-        try:
-            import redis
-
-            redis.Redis.from_url(self.cfg.daemon.redis_url).publish(NOTIFY_CHANNEL, b"1")
-        except Exception:  # replicas still poll; a missed push only costs a poll interval
-            log.warning("trainer: could not announce the new champion on Redis", exc_info=True)
+        announce_swap(self.cfg.daemon.redis_url, "trainer")
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
@@ -214,6 +213,7 @@ class TrainerDaemon:
                 if batch.dead:
                     self.dead.flush()
                 self.items.push(now)
+                self.online_offset.maybe_publish(self.trainer)
                 idle = max_idle_s is not None and now - last_input >= max_idle_s and not self.merge.buffered
                 if idle and caught_up(self.source):
                     break

@@ -174,6 +174,7 @@ def follow(cfg: Config) -> dict[str, int]:
             alias=cfg.registry.champion_alias,
             champion=champion,
             resume=False,
+            label_delay_ms=cfg.joiner.label_delay_ms,
         )
         trainer.blocks = start["blocks"]
         while True:

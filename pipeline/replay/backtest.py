@@ -122,6 +122,7 @@ def run_backtest(
         resume=False,
         baselines=baselines if ftrl else {},
         on_scores=scores.append,
+        label_delay_ms=cfg.joiner.label_delay_ms,
     )
     rows: list[dict[str, Any]] = []
     progress = tqdm(

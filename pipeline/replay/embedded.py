@@ -24,6 +24,7 @@ from pipeline.core.config import Config
 from pipeline.core.pseudonyms import Pseudonymizer
 from pipeline.replay.sinks import JsonlDeadLetters
 from serving_bridge.fleet import Fleet
+from serving_bridge.online_offset import MemoryOffsets, OffsetPublisher
 from serving_bridge.replica import Replica
 from trainers.incremental import IncrementalTrainer
 from trainers.registry import MlflowModelStore
@@ -40,6 +41,7 @@ class EmbeddedStack:
     feature_writer: FeatureWriter
     fleet: Fleet
     dead_letters: JsonlDeadLetters
+    offsets: OffsetPublisher
 
     @classmethod
     def open(cls, cfg: Config, out: Path) -> EmbeddedStack:
@@ -48,6 +50,7 @@ class EmbeddedStack:
         features = open_store(out / "feast", "embedded", project=cfg.features.project, cfg=cfg.features)
         reader = OnlineFeatureReader(features, cfg.features)
         pseudonymize = Pseudonymizer(cfg.validation.pseudonym_key.get_secret_value(), "u_")
+        board = MemoryOffsets()  # the trainer's online offset, in process
         replicas = [
             Replica(
                 f"r{i}",
@@ -57,6 +60,7 @@ class EmbeddedStack:
                 alias=cfg.registry.champion_alias,
                 poll_interval_s=cfg.serving.poll_interval_s,
                 inference=cfg.serving.inference,
+                offsets=board,
             )
             for i in range(cfg.serving.replicas)
         ]
@@ -64,10 +68,18 @@ class EmbeddedStack:
             cfg=cfg,
             out=out,
             store=store,
-            trainer=IncrementalTrainer(cfg.trainer, store, alias=cfg.registry.champion_alias, resume=False),
+            trainer=IncrementalTrainer(
+                cfg.trainer,
+                store,
+                alias=cfg.registry.champion_alias,
+                resume=False,
+                label_delay_ms=cfg.joiner.label_delay_ms,
+                serves_offset=True,
+            ),
             feature_writer=FeatureWriter(features, cfg.features),
             fleet=Fleet.start(replicas),
             dead_letters=JsonlDeadLetters(out / "dead_letters.jsonl"),
+            offsets=OffsetPublisher(board),
         )
 
     @staticmethod

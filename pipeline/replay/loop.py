@@ -19,6 +19,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import DeadLetter, LabelledExample
 from pipeline.core.types import RawEvent, Source
 from pipeline.join.partitioned_join import PartitionedJoin
+from serving_bridge.online_offset import OffsetPublisher
 from trainers.incremental import BlockReport, IncrementalTrainer
 
 __all__ = ["LoopResult", "OnlineLoop"]
@@ -69,6 +70,7 @@ class OnlineLoop:
     on_block: Callable[[BlockTiming], None] | None = None
     on_progress: Callable[[int], None] | None = None
     on_examples: Callable[[list[LabelledExample]], None] | None = None  # each batch of examples, in order
+    offsets: OffsetPublisher | None = None  # the champion's online offset, to the replicas
 
     def __post_init__(self) -> None:
         self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters)
@@ -97,6 +99,8 @@ class OnlineLoop:
         if self._since_push >= self.cfg.features.push_every_events:
             self._push_features()
         self._hand_over(examples)
+        if self.offsets is not None:
+            self.offsets.maybe_publish(self.trainer)
         if self.on_progress is not None:
             self.on_progress(len(batch))
 

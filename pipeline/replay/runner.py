@@ -131,6 +131,7 @@ def run_embedded(
         stack.dead_letters,
         stack.feature_writer,
         notifier=stack.fleet,
+        offsets=stack.offsets,
         on_block=on_block,
         on_progress=progress.update,
     )

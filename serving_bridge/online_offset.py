@@ -1,0 +1,125 @@
+"""The online offset on its way from the trainer to the replicas.
+
+The trainer fits, while a block fills, how far the champion's logits sit from the click rate of the
+examples joined since its block began (:mod:`trainers.online_offset`); replicas add it to every
+logit of that version. It travels in one Redis hash per model, ``<features.project>:<registry.
+model_name>:online_offset``, version -> offset (text): the trainer writes its champion's field at
+most every ``every_s`` seconds (:class:`OffsetPublisher`), each replica reads its version's field
+once per alias poll (:class:`~serving_bridge.replica.Replica`). A version without a field serves
+its model's scores; a replica that cannot reach Redis keeps the offset it read last (a WARNING once
+per outage). The embedded stack (``ctr demo``) passes it through a :class:`MemoryOffsets`.
+
+>>> board = MemoryOffsets()
+>>> board.put("3", 0.5)
+>>> board.get("3"), board.get("4")
+(0.5, None)
+>>> [round(float(p), 4) for p in shift_probabilities(np.array([0.1, 0.5]), np.log(2.0))]
+[0.1818, 0.6667]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Protocol
+
+import numpy as np
+
+__all__ = [
+    "MemoryOffsets",
+    "OffsetBoard",
+    "OffsetPublisher",
+    "RedisOffsets",
+    "offset_key",
+    "shift_probabilities",
+]
+
+log = logging.getLogger(__name__)
+
+
+class OffsetBoard(Protocol):
+    def put(self, version: str, offset: float) -> None: ...
+
+    def get(self, version: str) -> float | None: ...
+
+
+class _LiveOffset(Protocol):  # trainers.incremental.IncrementalTrainer
+    def live_offset(self) -> tuple[str, float] | None: ...
+
+
+def offset_key(project: str, model_name: str) -> str:
+    """The Redis hash of a model's offsets."""
+    return f"{project}:{model_name}:online_offset"
+
+
+def shift_probabilities(p: np.ndarray, offset: float) -> np.ndarray:
+    """``sigmoid(logit(p) + offset)`` (float64): a probability with ``offset`` added to its logit."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-15, 1.0 - 1e-15)
+    odds = p / (1.0 - p) * math.exp(offset)
+    return odds / (1.0 + odds)
+
+
+class MemoryOffsets:
+    """An in-process board (the embedded stack)."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[str, float] = {}
+
+    def put(self, version: str, offset: float) -> None:
+        self._offsets[version] = offset
+
+    def get(self, version: str) -> float | None:
+        return self._offsets.get(version)
+
+
+class RedisOffsets:
+    """The Redis hash of :func:`offset_key`."""
+
+    def __init__(self, redis_url: str, key: str, timeout_s: float = 1.0) -> None:
+        import redis
+
+        self.key = key
+        self._redis = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+
+    def put(self, version: str, offset: float) -> None:
+        self._redis.hset(self.key, version, repr(float(offset)))
+
+    def get(self, version: str) -> float | None:
+        value = self._redis.hget(self.key, version)
+        if value is None:
+            return None
+        offset = float(value)
+        return offset if math.isfinite(offset) else None
+
+
+class OffsetPublisher:
+    """Writes the trainer's live offset to a board at most every ``every_s`` seconds; a failed
+    write is logged (once per outage) and retried at the next call, never raised."""
+
+    def __init__(self, board: OffsetBoard, every_s: float = 1.0) -> None:
+        self.board = board
+        self.every_s = every_s
+        self.failures = 0
+        self._at = -math.inf
+        self._failing = False
+
+    def maybe_publish(self, trainer: _LiveOffset, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._at < self.every_s:
+            return
+        self._at = now
+        live = trainer.live_offset()
+        if live is None:
+            return
+        try:
+            self.board.put(*live)
+        except Exception:
+            self.failures += 1
+            if not self._failing:
+                log.warning("online offset: could not publish it (serving keeps the last one)", exc_info=True)
+            self._failing = True
+            return
+        self._failing = False
