@@ -194,6 +194,17 @@ def test_esmm_learns_conversions_and_click_metrics_exclude_corrections() -> None
     assert auc(truth > 0.5, p_cvr) > 0.9
 
 
+def test_a_flushed_tail_of_corrections_only_is_scored_with_the_online_offset() -> None:
+    """The end of a replay: the last clicks' corrections arrive after every click example, so the
+    flushed block holds corrections only: no click row to fit an offset on, and none needed."""
+    data = conversion_stream(4_000)
+    trainer = IncrementalTrainer(cfg(), None, label_delay_ms=20_000, serves_offset=True)
+    assert len(trainer.add(data)) == 2 and trainer.needed == 2_000  # both blocks closed
+    pending = trainer.pending
+    (tail,) = trainer.flush()
+    assert tail.examples == tail.corrections == pending > 0 and tail.online["count"] == 0
+
+
 def test_a_block_is_train_every_click_examples_whatever_the_model() -> None:
     """Corrections ride along: ESMM's blocks hold the same click examples as DeepFM's (the quality
     suite compares them block by block), and cut() says where the current block ends."""

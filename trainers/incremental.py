@@ -546,8 +546,8 @@ class IncrementalTrainer:
             every=self.cfg.online_offset_every,
             recent=self.cfg.online_offset_recent,
         )
-        if clicks is not None:
-            offsets = offsets[np.maximum(np.cumsum(clicks) - 1, 0)]
+        if clicks is not None:  # a block of corrections only (a flushed tail) has no offset
+            offsets = offsets[np.maximum(np.cumsum(clicks) - 1, 0)] if len(offsets) else np.zeros(len(z))
         return apply_platt(z + offsets, IDENTITY)
 
     def _correct_intercept(self, candidate: TorchLearner, raw: np.ndarray, y: np.ndarray) -> None:

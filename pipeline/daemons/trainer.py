@@ -15,7 +15,8 @@ Blocks are cut in :class:`~pipeline.join.example_merge.ExampleMerge` order (the 
 p's examples to partition p): an example is taken only when every partition has one buffered or is idle
 (silent ``daemon.idle_merge_s`` and read to its end), so the blocks, like ``ctr backtest``'s of the same
 stream, do not depend on how the partitions' fetches interleaved. After moving the alias, the trainer
-announces it on Redis so replicas swap without waiting for a poll.
+announces it on Redis so replicas swap without waiting for a poll; while a block fills, it writes
+the champion's online offset there every second (:mod:`serving_bridge.online_offset`).
 """
 
 from __future__ import annotations
@@ -157,11 +158,8 @@ class TrainerDaemon:
         champion.version = version
         self.trainer.has_champion = True
         write_json(self.dir / "meta.json", self._meta())
-        self._announce()
-        log.info("trainer: finished the pending registration: version %s", version)
-
-    def _announce(self) -> None:
         announce_swap(self.cfg.daemon.redis_url, "trainer")
+        log.info("trainer: finished the pending registration: version %s", version)
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
@@ -219,6 +217,7 @@ class TrainerDaemon:
                     break
         finally:
             self.items.push(time.monotonic(), force=True)  # a failed push is logged, never raised
+            self.online_offset.maybe_publish(self.trainer, force=True)  # the same
             self.source.close()
             self.dead.close()
             if self.leader is not None:
@@ -258,7 +257,7 @@ class TrainerDaemon:
 
     def _block_done(self, report: Any) -> None:
         if report.alias_moved:
-            self._announce()  # first: replicas load the new version while we checkpoint
+            announce_swap(self.cfg.daemon.redis_url, "trainer")  # first: replicas load it while we checkpoint
         self.counters["blocks"] += 1
         if report.adopted_version is not None and report.version is None:
             # the rolled-back champion is now the one we fine-tune: checkpoint its weights with its

@@ -175,6 +175,7 @@ def follow(cfg: Config) -> dict[str, int]:
             champion=champion,
             resume=False,
             label_delay_ms=cfg.joiner.label_delay_ms,
+            serves_offset=True,  # rank 0 scores what it buffers for the live offset: every rank takes part
         )
         trainer.blocks = start["blocks"]
         while True:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import redis
 
 from features.item_stage import ItemStage
 from features.store import OnlineFeatureReader, connect_store
@@ -35,6 +37,7 @@ from pipeline.kafka.io import ensure_topics
 from pipeline.kafka.read import examples_to_end, read_to_end
 from pipeline.sources.jsonl_mapping import write_jsonl
 from pipeline.sources.simulator import Simulator
+from serving_bridge.online_offset import offset_key
 from trainers.version_page import iso_time
 
 PARTITIONS, IMPRESSIONS, BLOCK = 3, 9_000, 2_000
@@ -116,6 +119,10 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         "CTR_KAFKA_CLICKS_TOPIC": k.clicks_topic,
         "CTR_KAFKA_CONVERSIONS_TOPIC": k.conversions_topic,
         "CTR_JOINER_CONVERSION_WINDOW_S": "1800" if model == "esmm" else "0",
+        # labels final 3 min after their impression (window + watermark lag), in blocks of 400 s:
+        # the online offset is refitted within each block, so the metrics compare it too
+        "CTR_JOINER_ATTRIBUTION_WINDOW_S": "120",
+        "CTR_TRAINER_ONLINE_OFFSET_EVERY": "250",
         "CTR_KAFKA_EXAMPLES_TOPIC": k.examples_topic,
         "CTR_KAFKA_DEAD_LETTER_TOPIC": k.dead_letter_topic,
         "CTR_KAFKA_PARTITIONS": str(PARTITIONS),
@@ -171,6 +178,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     # merge order (the backtest's examples file is in that order; its closing examples aside)
     item_cfg = Config()
     item_cfg.joiner.conversion_window_s = float(env["CTR_JOINER_CONVERSION_WINDOW_S"])
+    item_cfg.joiner.attribution_window_s = float(env["CTR_JOINER_ATTRIBUTION_WINDOW_S"])
     stage = ItemStage.of(item_cfg)
     stage.attach([LabelledExample.from_json(v) for i, v in replayed.items() if i not in closing])
     want = {row["item_id"]: row for row in stage.drain_rows()}
@@ -205,6 +213,11 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
         assert float(tags["metric.online.auc"]) == pytest.approx(float(row["online_auc"]), abs=1e-9)
         assert float(tags["metric.online.logloss"]) == pytest.approx(float(row["online_logloss"]), abs=1e-9)
     assert compared >= 2 and compared == len(versions)
+    # what the trainer served the champion with (its online offset) reached Redis for the replicas
+    champion = client.get_model_version_by_alias(f"parity-model-{tag}", "champion").version
+    board = redis.Redis.from_url(env["CTR_DAEMON_REDIS_URL"])
+    offsets = board.hgetall(offset_key(env["CTR_FEATURES_PROJECT"], f"parity-model-{tag}"))
+    assert math.isfinite(float(offsets[champion.encode()]))
 
     # The trainer on two ranks (trainer.ranks: torchrun, each rank half of every table's rows) from
     # the same examples: the same blocks, one version per accepted block, the same metrics but for

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 from mlflow import MlflowClient
@@ -32,6 +34,7 @@ from features.aggregations import StreamingFeatures
 from features.store import FeatureWriter, open_store
 from pipeline.core.config import Config, FeatureConfig, RegistryConfig
 from pipeline.core.pseudonyms import Pseudonymizer
+from serving_bridge.online_offset import offset_key, shift_probabilities
 from serving_bridge.server import NOTIFY_CHANNEL
 from trainers.registry import MlflowModelStore
 from trainers.testing import tiny_learner
@@ -254,6 +257,25 @@ def test_fleet_serves_every_request_through_three_promotions_and_a_rollback(
             received = {v: sum(r.port == port and r.version == v for r in responses) for v in served}
             assert {v: n for v, n in counted.items() if n} == {v: n for v, n in received.items() if n}
             assert 'ctr_serving_requests_total{code="500"}' not in metrics
+
+        # the champion's online offset, as the trainer publishes it: within a poll every replica
+        # adds it to each logit of that version (odds x 3), and none to another version's
+        body = json.dumps({"user_id": USERS[0], "context": {"site": "s1"}, "items": ITEMS}).encode()
+        model = [_post(p, body)[1]["probabilities"] for p in ports]
+        key = offset_key(Config().features.project, mlflow_scope.model_name)
+        notify.hset(key, versions[3], "-5.0")  # not the champion's
+        notify.hset(key, versions[2], repr(math.log(3.0)))
+        want = [shift_probabilities(np.array(m), math.log(3.0)) for m in model]
+
+        def offset_served() -> bool:
+            answers = [_post(p, body)[1] for p in ports]
+            return all(
+                a["version"] == versions[2] and np.allclose(a["probabilities"], w, rtol=1e-9, atol=0)
+                for a, w in zip(answers, want, strict=True)
+            )
+
+        _wait("the replicas adding the champion's online offset", offset_served, 30)
+        notify.delete(key)
         clean = True
     finally:
         if load is not None:
