@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,3 +180,25 @@ def test_a_config_without_the_offset_serves_the_models_scores_live_too():
     data = shifted_stream(3_000)
     trainer.add(data)
     assert trainer.live_offset() is None
+
+
+def test_the_cost_benchmark_times_the_trainer_with_and_without_live_scoring(tmp_path):
+    out = tmp_path / "offset-cost.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "offset_cost.py"
+    cmd = [
+        sys.executable,
+        str(script),
+        "--block",
+        "2000",
+        "--blocks",
+        "1",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
+    subprocess.run(cmd, check=True, cwd=script.parents[1], capture_output=True, timeout=600)
+    data = json.loads(out.read_text())
+    assert data["meta"]["timed_examples"] == 2_000 and len(data["seconds"]["with"]) == 1
+    rate = data["examples_per_s"]
+    assert rate["with"] > 0 and data["throughput_cost"] == pytest.approx(1 - rate["with"] / rate["without"])
