@@ -4,15 +4,20 @@ The trainer fits, while a block fills, how far the champion's logits sit from th
 examples joined since its block began (:mod:`trainers.online_offset`); replicas add it to every
 logit of that version. It travels in one Redis hash per model, ``<features.project>:<registry.
 model_name>:online_offset``, version -> offset (text): the trainer writes its champion's field at
-most every ``every_s`` seconds (:class:`OffsetPublisher`), each replica reads its version's field
-once per alias poll (:class:`~serving_bridge.replica.Replica`). A version without a field serves
-its model's scores; a replica that cannot reach Redis keeps the offset it read last (a WARNING once
+most every ``every_s`` seconds (:class:`OffsetPublisher`), replacing any other version's, and each
+replica reads its version's field once per alias poll (:class:`~serving_bridge.replica.Replica`). A
+version without a field serves its model's scores: a challenger, and a version rolled back to
+until the trainer has adopted it and fitted its own (an offset fitted hours ago, when that version
+last served, would be stale); a replica that cannot reach Redis keeps the offset it read last (a WARNING once
 per outage). The embedded stack (``ctr demo``) passes it through a :class:`MemoryOffsets`.
 
 >>> board = MemoryOffsets()
 >>> board.put("3", 0.5)
 >>> board.get("3"), board.get("4")
 (0.5, None)
+>>> board.put("4", -0.1)  # the champion moved on: only its offset is on the board
+>>> board.get("3"), board.get("4")
+(None, -0.1)
 >>> [round(float(p), 4) for p in shift_probabilities(np.array([0.1, 0.5]), np.log(2.0))]
 [0.1818, 0.6667]
 """
@@ -39,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class OffsetBoard(Protocol):
-    def put(self, version: str, offset: float) -> None: ...
+    def put(self, version: str, offset: float) -> None:
+        """Make ``offset`` the board's only one: ``version``'s."""
 
     def get(self, version: str) -> float | None: ...
 
@@ -67,7 +73,7 @@ class MemoryOffsets:
         self._offsets: dict[str, float] = {}
 
     def put(self, version: str, offset: float) -> None:
-        self._offsets[version] = offset
+        self._offsets = {version: offset}
 
     def get(self, version: str) -> float | None:
         return self._offsets.get(version)
@@ -85,7 +91,8 @@ class RedisOffsets:
         )
 
     def put(self, version: str, offset: float) -> None:
-        self._redis.hset(self.key, version, repr(float(offset)))
+        with self._redis.pipeline(transaction=True) as both:  # MULTI/EXEC: no reader sees it empty
+            both.delete(self.key).hset(self.key, version, repr(float(offset))).execute()
 
     def get(self, version: str) -> float | None:
         value = self._redis.hget(self.key, version)

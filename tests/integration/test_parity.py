@@ -217,7 +217,7 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     champion = client.get_model_version_by_alias(f"parity-model-{tag}", "champion").version
     board = redis.Redis.from_url(env["CTR_DAEMON_REDIS_URL"])
     offsets = board.hgetall(offset_key(env["CTR_FEATURES_PROJECT"], f"parity-model-{tag}"))
-    assert math.isfinite(float(offsets[champion.encode()]))
+    assert list(offsets) == [champion.encode()] and math.isfinite(float(offsets[champion.encode()]))
 
     # The trainer on two ranks (trainer.ranks: torchrun, each rank half of every table's rows) from
     # the same examples: the same blocks, one version per accepted block, the same metrics but for
