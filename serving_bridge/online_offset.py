@@ -6,9 +6,9 @@ logit of that version. It travels in one Redis hash per model, ``<features.proje
 model_name>:online_offset``, version -> offset (text): the trainer writes its champion's field at
 most every ``every_s`` seconds (:class:`OffsetPublisher`), replacing any other version's, and each
 replica reads its version's field once per alias poll (:class:`~serving_bridge.replica.Replica`). A
-version without a field serves its model's scores: a challenger, and a version rolled back to
-until the trainer has adopted it and fitted its own (an offset fitted hours ago, when that version
-last served, would be stale); a replica that cannot reach Redis keeps the offset it read last (a WARNING once
+version without a field serves its model's scores: a challenger, and a version rolled back to until
+the trainer has adopted it and fitted its own (one fitted hours ago, when that version last served,
+would be stale). A replica that cannot reach Redis keeps the offset it read last (a WARNING once
 per outage). The embedded stack (``ctr demo``) passes it through a :class:`MemoryOffsets`.
 
 >>> board = MemoryOffsets()
