@@ -489,8 +489,9 @@ class IncrementalTrainer:
             if self.cfg.learn_holdout:
                 # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
                 # share of every block would never reach the served model.
+                # Its few steps do not widen the dense inputs' range: trainers.learner.learn.
                 start = time.perf_counter()
-                loss_hold = candidate.learn(hold)
+                loss_hold = candidate.learn(hold, widen_range=False)
                 report.train_seconds = train_s + time.perf_counter() - start
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:

@@ -48,6 +48,7 @@ from torch import nn
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
 from trainers.calibration import IDENTITY, apply_platt
+from trainers.dense_range import DenseRange
 from trainers.encoding import EncodedBatch, Encoder, Row
 from trainers.inference import INFERENCE_PATHS, Scorer, frozen_scorer, load_scorer, save_scorer
 from trainers.models import HashedEmbedding, build_model, model_spec
@@ -248,6 +249,7 @@ class TorchLearner:
                 min_count=cfg.min_count,
                 new_values=cfg.new_values,
                 sequence_length=encoder.sequence_length,
+                dense_range=cfg.clamp_dense,
             )
             # Seeded init without disturbing the caller's global RNG stream; sharded, each rank
             # draws the whole model's numbers and keeps its rows of the tables.
@@ -279,9 +281,15 @@ class TorchLearner:
         return callable(getattr(self.model, "task_logits", None))
 
     # -- training --------------------------------------------------------------------------------
-    def learn(self, examples: Examples) -> float:
+    def learn(self, examples: Examples, *, widen_range: bool = True) -> float:
         """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss (per
-        row; a multi-task model's sums its two losses). A single-task model skips corrections."""
+        row; a multi-task model's sums its two losses). A single-task model skips corrections.
+
+        ``widen_range=False``: the dense inputs' range (:mod:`trainers.dense_range`) stays as it was:
+        the gate's holdout, learned after the block for recency, is the block's newest tenth, about
+        ten steps; an input first seen varying there (the item counters of a stream's first block,
+        which fill up as its last minutes come) would get a weight from those few steps, and
+        extrapolate on the next block as an untrained one does (measured: benchmarks/README.md)."""
         if self.frozen:
             raise RuntimeError("TorchLearner.learn: this learner is frozen (a static reference copy)")
         multi = self.multi_task
@@ -309,6 +317,8 @@ class TorchLearner:
         tables = [m for m in self.model.modules() if isinstance(m, HashedEmbedding)]
         for table in tables:
             table.admit(ids)  # this block's values count from now on; new ones start warm
+        if widen_range and isinstance(dense_range := getattr(self.model, "dense_range", None), DenseRange):
+            dense_range.observe(dense)  # the inputs' range now includes this block's
         rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
         bs = step_batch_size(self.cfg, self.device)
         total = torch.zeros((), device=self.device)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainers.dense_range import DenseRange
 from trainers.sharding import ShardedRows, built_for
 
 __all__ = [
@@ -180,6 +181,17 @@ class HashedEmbedding(nn.Module):
         return out * present.unsqueeze(-1).to(out.dtype)
 
 
+def _dense_range(spec: Mapping[str, Any]) -> DenseRange | None:
+    """The dense inputs' clamp (:mod:`trainers.dense_range`) where ``spec`` asks for it; absent from
+    specs saved before it existed (those read their inputs as they come)."""
+    return DenseRange(int(spec["n_dense"])) if spec.get("dense_range") else None
+
+
+def _clamped(model: nn.Module, dense: torch.Tensor) -> torch.Tensor:
+    r = getattr(model, "dense_range", None)
+    return dense if r is None else r(dense)
+
+
 def _warm(spec: Mapping[str, Any]) -> bool:
     return spec.get("new_values", "fresh") == "field_mean"
 
@@ -238,9 +250,10 @@ class DeepFM(_WithLinearPart):
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
         self.mlp = _mlp(n_fields * dim + n_dense, spec["hidden"], _zero_linear)
+        self.dense_range = _dense_range(spec)
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return self._logit(ids, dense, self.embedding(ids))[0]
+        return self._logit(ids, _clamped(self, dense), self.embedding(ids))[0]
 
     def _logit(
         self, ids: torch.Tensor, dense: torch.Tensor, v: torch.Tensor
@@ -302,7 +315,7 @@ class ESMM(DeepFM):
 
     def task_logits(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         """``(n, 2)``: the click logit (``forward``'s, bit for bit) and the conversion-after-click logit."""
-        ctr, x = self._logit(ids, dense, self.embedding(ids))
+        ctr, x = self._logit(ids, _clamped(self, dense), self.embedding(ids))
         cvr = self.cvr_wide(ids).squeeze(2).sum(1) + self.cvr_bias + self.cvr_mlp(x).squeeze(1).float()
         return torch.stack([ctr, cvr.float()], dim=1)
 
@@ -332,6 +345,7 @@ class DIN(_WithLinearPart):
         self.bias = nn.Parameter(torch.zeros(1))
         self.attention = _mlp(4 * dim, spec.get("attention_hidden", [32]), nn.Linear)
         self.mlp = _mlp((n_fields + 1) * dim + n_dense, spec["hidden"], _zero_linear)
+        self.dense_range = _dense_range(spec)
 
     def interest(self, ids: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``(n, dim)``: the behaviours' vectors weighted by their attention to the candidate."""
@@ -357,7 +371,7 @@ class DIN(_WithLinearPart):
         return out
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        fields = ids[:, : self.n_fields]
+        fields, dense = ids[:, : self.n_fields], _clamped(self, dense)
         v = self.embedding(fields)
         logit = self.linear_logit(fields, dense)
         vs = torch.cat([v, self.interest(ids, v).unsqueeze(1)], dim=1)
@@ -404,6 +418,7 @@ class DCNv2(nn.Module):
             deep = int(h)
         self.mlp = nn.Sequential(*layers)
         self.head = nn.Linear(width + deep, 1)
+        self.dense_range = _dense_range(spec)
 
     @property
     def output_bias(self) -> torch.Tensor:
@@ -413,7 +428,7 @@ class DCNv2(nn.Module):
         return [self.head.bias]
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        x0 = torch.cat([self.embedding(ids).flatten(1), dense], dim=1)
+        x0 = torch.cat([self.embedding(ids).flatten(1), _clamped(self, dense)], dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -431,6 +446,7 @@ class LogisticRegression(_WithLinearPart):
         self.wide = _zero_table(int(spec["hash_buckets"]), int(spec["n_fields"]), warm_start=_warm(spec))
         self.dense_linear = nn.Linear(n_dense, 1) if n_dense else None
         self.bias = nn.Parameter(torch.zeros(1))
+        self.dense_range = _dense_range(spec)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         old = state_dict.pop(prefix + "embedding.table.weight", None)  # its name before "wide"
@@ -439,7 +455,7 @@ class LogisticRegression(_WithLinearPart):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.linear_logit(ids, dense).float()
+        out: torch.Tensor = self.linear_logit(ids, _clamped(self, dense)).float()
         return out
 
 
@@ -473,6 +489,7 @@ def model_spec(
     min_count: int = 0,
     new_values: str = "fresh",
     sequence_length: int = 0,
+    dense_range: bool = False,
 ) -> dict[str, Any]:
     """The JSON-able spec a model is rebuilt from (``cross_layers``: DCN-V2 only; ``min_count``:
     frequency admission of the embedding vectors, 0 = off; ``new_values``: how values training never
@@ -492,6 +509,8 @@ def model_spec(
         spec["min_count"] = int(min_count)
     elif new_values != "fresh":  # absent from specs saved before it existed: those are "fresh"
         spec["new_values"] = new_values
+    if dense_range:  # absent from specs saved before it existed: those do not clamp
+        spec["dense_range"] = True
     if kind == "dcnv2":
         spec["cross_layers"] = int(cross_layers)
     if kind == "din":

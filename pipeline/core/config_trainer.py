@@ -45,6 +45,10 @@ class TrainerConfig(Section):
     # vector) over the last block's traffic, and starts learning from it; "fresh": a new row (weight
     # 0, a small random vector). Unused with min_count > 0. Chosen on the quality suite (README)
     new_values: NewValues = "field_mean"
+    # each dense input read clamped to the range of the blocks learned (trainers.dense_range): an
+    # input training saw only at 0 (the item counters of the first block) adds nothing instead of its
+    # untrained weights; no extrapolation past the values learned. Chosen on the quality suite (README)
+    clamp_dense: bool = True
     hidden: tuple[Count, ...] = (128, 64)  # the MLP layers of DeepFM and DCN-V2 (each tower of ESMM)
     lr_dense: Positive = 1e-3  # Adam on the dense parameters
     # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam
