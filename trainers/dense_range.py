@@ -54,4 +54,4 @@ class DenseRange(nn.Module):
             self.hi.copy_(torch.maximum(self.hi, dense.max(0).values.to(self.hi.dtype)))
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
-        return torch.minimum(torch.maximum(dense, self.lo.to(dense.dtype)), self.hi.to(dense.dtype))
+        return torch.clamp(dense, self.lo.to(dense.dtype), self.hi.to(dense.dtype))
