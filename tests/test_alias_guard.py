@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,9 +72,9 @@ def test_an_alias_moved_during_the_block_is_not_overwritten(monkeypatch: pytest.
     store, trainer, rest = two_versions()
     learn = TorchLearner.learn
 
-    def rollback_while_training(self: TorchLearner, examples: object) -> float:
+    def rollback_while_training(self: TorchLearner, examples: object, **kw: Any) -> float:
         store.set_alias("champion", "1")  # the operator acts while the candidate trains
-        return learn(self, examples)  # type: ignore[arg-type]
+        return learn(self, examples, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TorchLearner, "learn", rollback_while_training)
     (report,) = trainer.add(rest[:BLOCK])

@@ -87,8 +87,8 @@ def test_a_poisoned_block_is_refused_and_the_champion_stays(
         learn = TorchLearner.learn
         damage: Callable[[TorchLearner], None] = nan_out if poison == "nan" else blow_up
 
-        def poisoned(self: TorchLearner, batch: Any) -> float:
-            loss = learn(self, batch)
+        def poisoned(self: TorchLearner, batch: Any, **kw: Any) -> float:
+            loss = learn(self, batch, **kw)
             damage(self)
             return loss
 

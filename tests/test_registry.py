@@ -168,8 +168,8 @@ def test_nan_candidate_is_not_published(published, monkeypatch):
     store, trainer, _, _ = published
     learn = TorchLearner.learn
 
-    def poisoned(self: TorchLearner, examples: object) -> float:
-        learn(self, examples)  # type: ignore[arg-type]
+    def poisoned(self: TorchLearner, examples: object, **kw: Any) -> float:
+        learn(self, examples, **kw)  # type: ignore[arg-type]
         with torch.no_grad():
             self.model.bias.fill_(math.nan)
         return math.nan

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -344,8 +345,8 @@ def test_poisoned_candidate_is_refused_and_champion_stays(model_name, monkeypatc
     scores = champion.predict(data[2_000:2_100])
     learn = TorchLearner.learn
 
-    def poisoned(self: TorchLearner, examples: object) -> float:
-        loss = learn(self, examples)  # type: ignore[arg-type]
+    def poisoned(self: TorchLearner, examples: object, **kw: Any) -> float:
+        loss = learn(self, examples, **kw)  # type: ignore[arg-type]
         with torch.no_grad():
             for p in self.model.parameters():
                 p.fill_(math.nan)
