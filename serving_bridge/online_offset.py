@@ -31,6 +31,8 @@ from typing import Protocol
 
 import numpy as np
 
+from trainers.online_residual import SparseResidual
+
 __all__ = [
     "MemoryOffsets",
     "OffsetBoard",
@@ -44,14 +46,16 @@ log = logging.getLogger(__name__)
 
 
 class OffsetBoard(Protocol):
-    def put(self, version: str, offset: float) -> None:
-        """Make ``offset`` the board's only one: ``version``'s."""
+    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
+        """Make ``offset`` (and ``residual``) the board's only ones: ``version``'s."""
 
     def get(self, version: str) -> float | None: ...
 
+    def get_residual(self, version: str) -> SparseResidual | None: ...
+
 
 class _LiveOffset(Protocol):  # trainers.incremental.IncrementalTrainer
-    def live_offset(self) -> tuple[str, float] | None: ...
+    def live_residual(self) -> tuple[str, float, SparseResidual | None] | None: ...
 
 
 def offset_key(project: str, model_name: str) -> str:
@@ -59,40 +63,61 @@ def offset_key(project: str, model_name: str) -> str:
     return f"{project}:{model_name}:online_offset"
 
 
-def shift_probabilities(p: np.ndarray, offset: float) -> np.ndarray:
-    """``sigmoid(logit(p) + offset)`` (float64): a probability with ``offset`` added to its logit."""
+def shift_probabilities(p: np.ndarray, offset: float | np.ndarray) -> np.ndarray:
+    """``sigmoid(logit(p) + offset)`` (float64): a probability with ``offset`` (one, or one per
+    row) added to its logit."""
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-15, 1.0 - 1e-15)
-    odds = p / (1.0 - p) * math.exp(offset)
-    return odds / (1.0 + odds)
+    odds = p / (1.0 - p) * np.exp(offset)
+    return np.asarray(odds / (1.0 + odds), dtype=np.float64)
 
 
 class MemoryOffsets:
     """An in-process board (the embedded stack)."""
 
     def __init__(self) -> None:
-        self._offsets: dict[str, float] = {}
+        self._offsets: dict[str, tuple[float, SparseResidual | None]] = {}
 
-    def put(self, version: str, offset: float) -> None:
-        self._offsets = {version: offset}
+    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
+        self._offsets = {version: (offset, residual)}
 
     def get(self, version: str) -> float | None:
-        return self._offsets.get(version)
+        found = self._offsets.get(version)
+        return None if found is None else found[0]
+
+    def get_residual(self, version: str) -> SparseResidual | None:
+        found = self._offsets.get(version)
+        return None if found is None else found[1]
 
 
 class RedisOffsets:
-    """The Redis hash of :func:`offset_key`."""
+    """The Redis hash of :func:`offset_key` (text), and beside it ``<key>:residual`` (each
+    version's :class:`~trainers.online_residual.SparseResidual` as ``.npz`` bytes)."""
 
     def __init__(self, redis_url: str, key: str, timeout_s: float = 1.0) -> None:
         import redis
 
         self.key = key
+        self.residual_key = f"{key}:residual"
         self._redis = redis.Redis.from_url(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
+        self._residual: tuple[bytes, SparseResidual] | None = None  # the last one parsed
 
-    def put(self, version: str, offset: float) -> None:
+    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
         with self._redis.pipeline(transaction=True) as both:  # MULTI/EXEC: no reader sees it empty
-            both.delete(self.key).hset(self.key, version, repr(float(offset))).execute()
+            both.delete(self.key, self.residual_key).hset(self.key, version, repr(float(offset)))
+            if residual is not None:
+                both.hset(self.residual_key, version, residual.to_bytes())
+            both.execute()
+
+    def get_residual(self, version: str) -> SparseResidual | None:
+        value = self._redis.hget(self.residual_key, version)
+        if value is None:
+            return None
+        data = bytes(value)
+        if self._residual is None or self._residual[0] != data:  # parsed once per change
+            self._residual = (data, SparseResidual.from_bytes(data))
+        return self._residual[1]
 
     def get(self, version: str) -> float | None:
         value = self._redis.hget(self.key, version)
@@ -118,7 +143,7 @@ class OffsetPublisher:
         if not force and now - self._at < self.every_s:
             return
         self._at = now
-        live = trainer.live_offset()
+        live = trainer.live_residual()
         if live is None:
             return
         try:

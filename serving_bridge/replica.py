@@ -26,9 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.feature_fallback import read_async
 from serving_bridge.online_offset import OffsetBoard, shift_probabilities
+from trainers.online_residual import SparseResidual
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
 
@@ -88,7 +91,8 @@ class Replica:
         self._thread: threading.Thread | None = None
         self._failed: dict[str, float] = {}
         self._lock = threading.Lock()  # one swap at a time (poll thread vs. an explicit check)
-        self._offset: tuple[str | None, float] = (None, 0.0)  # (version, online offset), one reference
+        # (version, online offset, online residual), one reference
+        self._offset: tuple[str | None, float, SparseResidual | None] = (None, 0.0, None)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Replica:
@@ -174,14 +178,15 @@ class Replica:
             return 0.0
         try:
             offset = self.offsets.get(version)
-        except Exception:  # Redis away: keep serving with the last offset of this version
+            residual = self.offsets.get_residual(version)
+        except Exception:  # Redis away (or a residual unreadable): keep serving with the last ones
             self.offset_errors += 1
             if self.offset_errors == 1 or self.offset_errors % 600 == 0:
                 log.warning(
                     "replica %s: online offset unreadable; keeping the last one", self.name, exc_info=True
                 )
             return self._offset[1] if self._offset[0] == version else 0.0
-        self._offset = (version, 0.0 if offset is None else offset)
+        self._offset = (version, 0.0 if offset is None else offset, residual)
         return self._offset[1]
 
     @staticmethod
@@ -242,13 +247,28 @@ class Replica:
         if dense is not None and len(dense) != len(item_ids):
             raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
         stream = [{}] * len(item_ids) if feats is None else feats
-        version, offset = self._offset
-        offset = offset if version == current.version else 0.0
+        version, offset, residual = self._offset
+        if version != current.version:
+            offset, residual = 0.0, None
+        learner = current.learner
+        shift: float | np.ndarray = offset
+        if residual is None:  # the model's own request path
+            request: Any = (user, item_ids, context, stream, dense)
+            tasks, scores = learner.predict_request_tasks, learner.predict_request
+        else:  # encoded once: the residual reads the same inputs (its fields, no behaviour sequence)
+            request = (learner.encoder.encode_request(user, item_ids, context, dense, stream),)
+            shift = offset + residual.logits(request[0].first_columns(len(learner.encoder.fields)))
+            tasks, scores = learner.predict_tasks, learner.predict
         if current.multi_task:  # one forward for both tasks; column 0 is predict_request's pCTR
-            both = current.learner.predict_request_tasks(user, item_ids, context, stream, dense)
-            clicks = both[:, 0] if offset == 0.0 else shift_probabilities(both[:, 0], offset)
+            both = tasks(*request)
+            clicks = shift_probabilities(both[:, 0], shift) if _moves(shift) else both[:, 0]
             return ScoreResult(current.version, self.name, clicks.tolist(), both[:, 1].tolist())
-        probs = current.learner.predict_request(user, item_ids, context, stream, dense)
-        if offset != 0.0:
-            probs = shift_probabilities(probs, offset)
+        probs = scores(*request)
+        if _moves(shift):
+            probs = shift_probabilities(probs, shift)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])
+
+
+def _moves(shift: float | np.ndarray) -> bool:
+    """Does adding ``shift`` to the logits change anything?"""
+    return bool(np.any(np.asarray(shift) != 0.0))

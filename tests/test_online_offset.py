@@ -31,7 +31,9 @@ def shifted_stream(n: int = 6_000) -> list[LabelledExample]:
 
 
 def run(**cfg: object) -> tuple[list, list[BlockScores], IncrementalTrainer]:
+    """The offset alone (the residual, tests/test_online_residual.py, off unless asked for)."""
     scores: list[BlockScores] = []
+    cfg = {"online_residual": False} | cfg
     trainer = IncrementalTrainer(
         small_trainer_config(**cfg), InMemoryModelStore(), on_scores=scores.append, label_delay_ms=DELAY_MS
     )
@@ -81,7 +83,7 @@ def test_live_offset_is_what_the_block_serves_once_those_labels_are_final():
     publishes) is the offset the closed block's metrics serve an impression at T + delay with."""
     data = shifted_stream(4_000)
     trainer = IncrementalTrainer(
-        small_trainer_config(online_offset_every=1),
+        small_trainer_config(online_offset_every=1, online_residual=False),
         InMemoryModelStore(),
         label_delay_ms=DELAY_MS,
         serves_offset=True,
@@ -124,12 +126,12 @@ def test_live_offset_survives_a_refused_block_and_restarts_with_a_new_version():
 
 def test_the_publisher_writes_the_champions_offset_and_keeps_going_when_the_board_fails():
     class Broken(MemoryOffsets):
-        def put(self, version: str, offset: float) -> None:
+        def put(self, version: str, offset: float, residual: object = None) -> None:
             raise ConnectionError("redis away")
 
     class Live:
-        def live_offset(self) -> tuple[str, float] | None:
-            return ("7", -0.25)
+        def live_residual(self) -> tuple[str, float, None] | None:
+            return ("7", -0.25, None)
 
     board = MemoryOffsets()
     OffsetPublisher(board).maybe_publish(Live())
@@ -172,7 +174,7 @@ def test_a_replica_adds_its_versions_offset_and_keeps_the_last_one_when_the_boar
 
 def test_a_config_without_the_offset_serves_the_models_scores_live_too():
     trainer = IncrementalTrainer(
-        dataclasses.replace(small_trainer_config(), online_offset=False),
+        dataclasses.replace(small_trainer_config(), online_offset=False, online_residual=False),
         InMemoryModelStore(),
         label_delay_ms=DELAY_MS,
         serves_offset=True,

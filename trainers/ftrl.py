@@ -35,7 +35,7 @@ import numpy as np
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.metrics import EPS
 
-__all__ = ["FtrlLearner", "FtrlParams"]
+__all__ = ["FtrlLearner", "FtrlParams", "coordinates"]
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,10 @@ class FtrlLearner:
         self.version: str | None = None  # for symmetry with TorchLearner in reports
 
     # -- Learner protocol --------------------------------------------------------------------------
-    def learn(self, examples: Any) -> float:
+    def learn(self, examples: Any, margin: np.ndarray | None = None) -> float:
         """Update on every row in order (``batch_size`` at a time); mean logloss of the rows, each
-        scored just before the update that uses it (progressive)."""
+        scored just before the update that uses it (progressive). ``margin``: a logit per row the
+        model's is added to (it then learns what the margin misses: a residual)."""
         batch = self.encode(examples)
         if batch.labels is None:
             raise ValueError("FtrlLearner.learn: examples carry no labels")
@@ -92,19 +93,21 @@ class FtrlLearner:
         self._ensure(batch)
         coords, vals = self._coords(batch)
         y = batch.labels.astype(np.float64)
+        base = np.zeros(n) if margin is None else np.asarray(margin, dtype=np.float64)
         a, b, l1, l2 = self.params.alpha, self.params.beta, self.params.l1, self.params.l2
         total = 0.0
         for s in range(0, n, self.batch_size):
-            c, v, yy = (
+            c, v, yy, m = (
                 coords[s : s + self.batch_size],
                 vals[s : s + self.batch_size],
                 y[s : s + self.batch_size],
+                base[s : s + self.batch_size],
             )
             uniq, inv = np.unique(c, return_inverse=True)
             inv = inv.reshape(c.shape)
             z, nn = self._z[uniq], self._n[uniq]
             w = _weights(z, nn, a, b, l1, l2)
-            p = _sigmoid((w[inv] * v).sum(1))
+            p = _sigmoid(m + (w[inv] * v).sum(1))
             q = np.clip(p, EPS, 1.0 - EPS)
             total += float(-(yy * np.log(q) + (1.0 - yy) * np.log1p(-q)).sum())
             g = np.bincount(inv.ravel(), weights=((p - yy)[:, None] * v).ravel(), minlength=uniq.size)
@@ -124,6 +127,25 @@ class FtrlLearner:
         coords, vals = self._coords(batch)
         w = _weights(self._z, self._n, p.alpha, p.beta, p.l1, p.l2)  # all at once: O(table), vectorised
         return _sigmoid((w[coords] * vals).sum(1))
+
+    def logits(self, batch: EncodedBatch) -> np.ndarray:
+        """The model's logit per row of ``batch``, from the weights of its coordinates only (cheap
+        on a small batch: no pass over the table)."""
+        if len(batch) == 0:
+            return np.zeros(0)
+        self._ensure(batch)
+        p = self.params
+        coords, vals = self._coords(batch)
+        uniq, inv = np.unique(coords, return_inverse=True)
+        w = _weights(self._z[uniq], self._n[uniq], p.alpha, p.beta, p.l1, p.l2)
+        return (w[inv.reshape(coords.shape)] * vals).sum(1)
+
+    def sparse_weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(coordinates, weights)`` of the non-zero weights (L1 keeps the rest at exactly 0), the
+        coordinates ascending."""
+        p = self.params
+        nz = np.flatnonzero(np.abs(self._z) > p.l1)
+        return nz.astype(np.int64), _weights(self._z[nz], self._n[nz], p.alpha, p.beta, p.l1, p.l2)
 
     # -- helpers -----------------------------------------------------------------------------------
     def encode(self, examples: Any) -> EncodedBatch:
@@ -156,14 +178,19 @@ class FtrlLearner:
             raise ValueError(f"FtrlLearner: ids outside [0, {self.hash_buckets})")
 
     def _coords(self, batch: EncodedBatch) -> tuple[np.ndarray, np.ndarray]:
-        """``(n, k)`` coordinates and values of each row: ids, dense inputs, bias."""
-        n, d = len(batch), int(batch.dense.shape[1])
-        extra = self.hash_buckets + np.arange(d + 1, dtype=np.int64)
-        coords = np.concatenate([batch.ids, np.broadcast_to(extra, (n, d + 1))], axis=1)
-        vals = np.concatenate(
-            [np.ones(batch.ids.shape, np.float64), batch.dense.astype(np.float64), np.ones((n, 1))], axis=1
-        )
-        return coords, vals
+        return coordinates(batch, self.hash_buckets)
+
+
+def coordinates(batch: EncodedBatch, hash_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n, k)`` FTRL coordinates and values of each row of ``batch``: its ids, its dense inputs
+    (``hash_buckets + j``), the bias (``hash_buckets + n_dense``)."""
+    n, d = len(batch), int(batch.dense.shape[1])
+    extra = hash_buckets + np.arange(d + 1, dtype=np.int64)
+    coords = np.concatenate([batch.ids, np.broadcast_to(extra, (n, d + 1))], axis=1)
+    vals = np.concatenate(
+        [np.ones(batch.ids.shape, np.float64), batch.dense.astype(np.float64), np.ones((n, 1))], axis=1
+    )
+    return coords, vals
 
 
 def _weights(z: np.ndarray, n: np.ndarray, alpha: float, beta: float, l1: float, l2: float) -> np.ndarray:

@@ -74,12 +74,14 @@ from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
+from trainers.ftrl import FtrlLearner
 from trainers.gate import GateDecision, gate, labels_look_corrupt
 from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
 from trainers.models import is_multi_task
 from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, task_probabilities
 from trainers.online_offset import block_offsets, live_offset
+from trainers.online_residual import SparseResidual, block_residual, residual_learner
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
 
@@ -201,11 +203,15 @@ class IncrementalTrainer:
             raise ValueError("IncrementalTrainer: baselines may not be named 'online' or 'static'")
         self.on_scores = on_scores
         self.cfg = cfg
-        self.label_delay_ms = label_delay_ms if cfg.online_offset else None
+        self.label_delay_ms = label_delay_ms if cfg.online_offset or cfg.online_residual else None
         self.serves_offset = serves_offset and self.label_delay_ms is not None
-        # the buffered rows' served logits and labels (-1: a correction), scored by _live_for
+        # the buffered rows' served logits, labels (-1: a correction) and FTRL inputs (ids, no
+        # sequence; dense), scored by _live_for
         self._live_for: TorchLearner | None = None
-        self._live: list[tuple[np.ndarray, np.ndarray]] = []
+        self._live: list[tuple[np.ndarray, np.ndarray, EncodedBatch]] = []
+        # the live residual (trainers.online_residual) and how many of _live's rows it learned
+        self._residual: FtrlLearner | None = None
+        self._residual_rows = 0
         torch.set_num_threads(cpu_threads(cfg))  # the process trains: size torch's pool to share the CPU
         self.store = store
         self.alias = alias
@@ -323,7 +329,8 @@ class IncrementalTrainer:
         assert champion is not None
         if self._live_for is not champion:
             self._live_for, self._live = champion, []
-        at, done = 0, sum(len(z) for z, _ in self._live)
+            self._residual, self._residual_rows = None, 0
+        at, done = 0, sum(len(z) for z, _, _ in self._live)
         a, b = champion.calibration
         for piece in self._encoded:
             if at + len(piece) > done:
@@ -337,7 +344,7 @@ class IncrementalTrainer:
                 y = part.labels.astype(np.float64)
                 if part.corrections is not None:
                     y[part.corrections] = -1.0
-                self._live.append((a * raw + b, y))
+                self._live.append((a * raw + b, y, part.first_columns(len(champion.encoder.fields))))
             at += len(piece)
 
     def live_offset(self) -> tuple[str, float] | None:
@@ -347,20 +354,49 @@ class IncrementalTrainer:
         champion = self.champion
         if not self._live or self._live_for is not champion or champion is None or champion.version is None:
             return None
-        z = np.concatenate([z for z, _ in self._live])
-        y = np.concatenate([y for _, y in self._live])
+        if not self.cfg.online_offset:
+            return champion.version, 0.0
+        z = np.concatenate([z for z, _, _ in self._live])
+        y = np.concatenate([y for _, y, _ in self._live])
         clicks = y >= 0
         return champion.version, live_offset(z[clicks], y[clicks], recent=self.cfg.online_offset_recent)
+
+    def live_residual(self) -> tuple[str, float, SparseResidual | None] | None:
+        """``(version, offset, residual)`` to serve now: :meth:`live_offset` and, with
+        ``trainer.online_residual``, the residual (:mod:`trainers.online_residual`) after learning
+        the examples received since the last call, at margin their served logit plus that offset."""
+        live = self.live_offset()
+        if live is None:
+            return None
+        version, offset = live
+        if not self.cfg.online_residual:
+            return version, offset, None
+        if self._residual is None:
+            self._residual, self._residual_rows = residual_learner(self.cfg.hash_buckets), 0
+        at = 0
+        for z, y, part in self._live:
+            if at + len(z) > self._residual_rows:
+                new = slice(max(0, self._residual_rows - at), len(z))
+                clicks = y[new] >= 0
+                if clicks.any():
+                    rows = part[new][clicks]
+                    labelled = EncodedBatch(rows.ids, np.zeros((len(rows), 0), np.float32), y[new][clicks])
+                    self._residual.learn(labelled, z[new][clicks] + offset)
+            at += len(z)
+        self._residual_rows = at
+        return version, offset, SparseResidual.of(self._residual)
 
     def _take(self, n: int) -> tuple[list[LabelledExample], EncodedBatch | None, Encoder | None]:
         """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
         block = self._buffer[:n]
         del self._buffer[:n]
         self._clicks_buffered -= sum(not ex.correction for ex in block)
-        if self._live:  # the rows that stay are the next block's
-            z = np.concatenate([z for z, _ in self._live])
-            y = np.concatenate([y for _, y in self._live])
-            self._live = [(z[n:], y[n:])] if len(z) > n else []
+        if self._live:  # the rows that stay are the next block's: its residual starts anew
+            z = np.concatenate([z for z, _, _ in self._live])
+            y = np.concatenate([y for _, y, _ in self._live])
+            rows = EncodedBatch.concat([part for _, _, part in self._live])
+            self._live = [(z[n:], y[n:], rows[n:])] if len(z) > n else []
+            self._residual, self._residual_rows = None, 0
         if self._encoded_rows < n:  # not encoded ahead (block 1)
             self._encoded, self._live_for = [], None
             return block, None, None
@@ -393,7 +429,8 @@ class IncrementalTrainer:
         logits_online = champion.predict_task_logits(batch) if multi else None  # (n, 2): one pass
         raw_online = champion.predict_logits(batch) if logits_online is None else logits_online[:, 0]
         p_online = apply_platt(raw_online, champion.calibration)  # the model's: what the gate compares
-        served = self._served(raw_online, champion.calibration, y, ts[order], clicks)  # + the online offset
+        # + the online offset and residual
+        served = self._served(raw_online, champion.calibration, y, ts[order], clicks, batch)
         online = block_metrics(y_click, _rows(served, clicks))
         tasks_online = None  # [pCTR, pCVR] of a multi-task champion
         if logits_online is not None:
@@ -491,7 +528,7 @@ class IncrementalTrainer:
                 # share of every block would never reach the served model.
                 # Its few steps do not widen the dense inputs' range: trainers.learner.learn.
                 start = time.perf_counter()
-                loss_hold = candidate.learn(hold, widen_range=False)
+                loss_hold = candidate.learn(hold, widen_range=False, block_rows=len(train))
                 report.train_seconds = train_s + time.perf_counter() - start
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:
@@ -531,22 +568,41 @@ class IncrementalTrainer:
         y: np.ndarray,
         ts: np.ndarray,
         clicks: np.ndarray | None,
+        batch: EncodedBatch,
     ) -> np.ndarray:
         """Each row's served click probability: the champion's, calibrated, plus the online offset
-        (:func:`~trainers.online_offset.block_offsets`, fitted on the click rows) once an accepted
-        version serves; a correction gets the offset of the click example it came after."""
+        (:func:`~trainers.online_offset.block_offsets`, fitted on the click rows) and residual
+        (:func:`~trainers.online_residual.block_residual`) once an accepted version serves; a
+        correction gets those of the click example it came after."""
         if self.label_delay_ms is None or not self.has_champion:
             return apply_platt(raw, calibration)
         a, b = calibration
         z = a * np.asarray(raw, dtype=np.float64) + b
-        offsets = block_offsets(
-            _rows(z, clicks),
-            _rows(y, clicks),
-            _rows(ts, clicks),
-            delay_ms=self.label_delay_ms,
-            every=self.cfg.online_offset_every,
-            recent=self.cfg.online_offset_recent,
-        )
+        z_clicks, y_clicks, t_clicks = _rows(z, clicks), _rows(y, clicks), _rows(ts, clicks)
+        every = self.cfg.online_offset_every
+        offsets = np.zeros(len(z_clicks))
+        if self.cfg.online_offset:
+            offsets = block_offsets(
+                z_clicks,
+                y_clicks,
+                t_clicks,
+                delay_ms=self.label_delay_ms,
+                every=every,
+                recent=self.cfg.online_offset_recent,
+            )
+        if self.cfg.online_residual:
+            rows = batch.first_columns(len(self.champion.encoder.fields)) if self.champion else batch
+            rows = rows if clicks is None else rows[clicks]
+            offsets = offsets + block_residual(
+                z_clicks,
+                y_clicks,
+                t_clicks,
+                rows,
+                hash_buckets=self.cfg.hash_buckets,
+                delay_ms=self.label_delay_ms,
+                every=every,
+                offsets=offsets,
+            )
         if clicks is not None:  # a block of corrections only (a flushed tail) has no offset
             offsets = offsets[np.maximum(np.cumsum(clicks) - 1, 0)] if len(offsets) else np.zeros(len(z))
         return apply_platt(z + offsets, IDENTITY)
