@@ -250,22 +250,21 @@ class Replica:
         version, offset, residual = self._offset
         if version != current.version:
             offset, residual = 0.0, None
-        learner = current.learner
+        learner, multi = current.learner, current.multi_task
         shift: float | np.ndarray = offset
-        if residual is None:  # the model's own request path
-            request: Any = (user, item_ids, context, stream, dense)
-            tasks, scores = learner.predict_request_tasks, learner.predict_request
+        if residual is None:  # the model's own request path; multi-task: both tasks in one forward
+            if multi:
+                scores = learner.predict_request_tasks(user, item_ids, context, stream, dense)
+            else:
+                scores = learner.predict_request(user, item_ids, context, stream, dense)
         else:  # encoded once: the residual reads the same inputs (its fields, no behaviour sequence)
-            request = (learner.encoder.encode_request(user, item_ids, context, dense, stream),)
-            shift = offset + residual.logits(request[0].first_columns(len(learner.encoder.fields)))
-            tasks, scores = learner.predict_tasks, learner.predict
-        if current.multi_task:  # one forward for both tasks; column 0 is predict_request's pCTR
-            both = tasks(*request)
-            clicks = shift_probabilities(both[:, 0], shift) if _moves(shift) else both[:, 0]
-            return ScoreResult(current.version, self.name, clicks.tolist(), both[:, 1].tolist())
-        probs = scores(*request)
-        if _moves(shift):
-            probs = shift_probabilities(probs, shift)
+            batch = learner.encoder.encode_request(user, item_ids, context, dense, stream)
+            scores = learner.predict_tasks(batch) if multi else learner.predict(batch)
+            shift = offset + residual.logits(batch.first_columns(len(learner.encoder.fields)))
+        if multi:  # column 0 is predict_request's pCTR
+            clicks = shift_probabilities(scores[:, 0], shift) if _moves(shift) else scores[:, 0]
+            return ScoreResult(current.version, self.name, clicks.tolist(), scores[:, 1].tolist())
+        probs = shift_probabilities(scores, shift) if _moves(shift) else scores
         return ScoreResult(current.version, self.name, [float(p) for p in probs])
 
 

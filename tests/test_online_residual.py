@@ -1,4 +1,4 @@
-"""The online residual (trainers.online_residual): learned in the engine, published live, added by replicas."""
+"""The online residual (trainers.online_residual): in the engine, published live, added by replicas."""
 
 from __future__ import annotations
 
