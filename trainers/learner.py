@@ -114,18 +114,11 @@ def pins_host_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 0) -> int:
-    """Examples per optimizer step: ``cfg.batch_size_cuda`` on CUDA when set, else ``cfg.batch_size``;
-    smaller where a block of ``block_rows`` would take fewer than ``cfg.min_steps`` steps.
-
-    >>> cfg = TrainerConfig(batch_size=512, min_steps=32)
-    >>> step_batch_size(cfg, torch.device("cpu"), 100_000), step_batch_size(cfg, torch.device("cpu"), 1_800)
-    (512, 57)
-    """
-    bs = cfg.batch_size_cuda if device.type == "cuda" and cfg.batch_size_cuda > 0 else cfg.batch_size
-    if cfg.min_steps > 0 and block_rows > 0:
-        bs = min(bs, max(1, -(-block_rows // cfg.min_steps)))
-    return bs
+def step_batch_size(cfg: TrainerConfig, device: torch.device) -> int:
+    """Examples per optimizer step: ``cfg.batch_size_cuda`` on CUDA when set, else ``cfg.batch_size``."""
+    if device.type == "cuda" and cfg.batch_size_cuda > 0:
+        return cfg.batch_size_cuda
+    return cfg.batch_size
 
 
 def cpu_threads(cfg: TrainerConfig) -> int:
@@ -288,7 +281,7 @@ class TorchLearner:
         return callable(getattr(self.model, "task_logits", None))
 
     # -- training --------------------------------------------------------------------------------
-    def learn(self, examples: Examples, *, widen_range: bool = True, block_rows: int = 0) -> float:
+    def learn(self, examples: Examples, *, widen_range: bool = True) -> float:
         """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss (per
         row; a multi-task model's sums its two losses). A single-task model skips corrections.
 
@@ -327,7 +320,7 @@ class TorchLearner:
         if widen_range and isinstance(dense_range := getattr(self.model, "dense_range", None), DenseRange):
             dense_range.observe(dense)  # the inputs' range now includes this block's
         rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
-        bs = step_batch_size(self.cfg, self.device, block_rows or n)
+        bs = step_batch_size(self.cfg, self.device)
         total = torch.zeros((), device=self.device)
         self.model.train()
         for _ in range(self.cfg.epochs_per_block):

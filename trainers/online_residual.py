@@ -5,13 +5,14 @@ A version serves its whole block with the weights it was trained with. The onlin
 an abrupt change (a shift of interest, a category's trend, an ad wearing out) its *ranking* is off
 too, and only the next version learns that. The **online residual** is the classic continuous
 learner beside the deep model (Wide & Deep's FTRL-trained wide part, Monolith's continuous
-training): an FTRL-Proximal logistic model (:class:`~trainers.ftrl.FtrlLearner`, the FTRL
-reference's settings) over the example's ids and a bias, starting at 0 with each
-block and learning, as they are joined, each labelled example with the served logit (the model's,
-calibrated, plus the online offset of that moment) as its margin. It learns only what the served
-logit misses; its L1 keeps it sparse (the weights that moved) and it is added to the served logit.
-It reads no dense input: with them (the FTRL reference reads them, log-compressed but unscaled) the
-``lifecycle`` world lost 0.006 of AUC; without, it gains 0.002 (benchmarks/README.md).
+training): an FTRL-Proximal logistic model (:class:`~trainers.ftrl.FtrlLearner` with its default
+settings: alpha 0.05, beta 1, L1 1, L2 1, 32 rows a step) over the example's ids and a bias,
+starting at 0 with each block and learning, as they are joined, each labelled example with the
+served logit (the model's, calibrated, plus the online offset of that moment) as its margin. It
+learns only what the served logit misses; its L1 keeps it sparse (the weights that moved), and it
+is added to the served logit. It reads no dense input: with them (log-compressed but unscaled, as
+the FTRL reference reads them) the ``lifecycle`` world lost 0.006 of AUC; without, it gains 0.002
+(benchmarks/README.md).
 
 Two forms of one definition, as for the offset, so that ``ctr backtest`` measures what the daemons
 serve:
@@ -59,7 +60,7 @@ def _no_dense(n: int) -> np.ndarray:
 
 
 def residual_learner(hash_buckets: int) -> FtrlLearner:
-    """A residual that has learned nothing: the FTRL reference's settings, 32 rows a step."""
+    """A residual that has learned nothing: :class:`~trainers.ftrl.FtrlParams`' defaults, 32 rows a step."""
     return FtrlLearner(hash_buckets)
 
 

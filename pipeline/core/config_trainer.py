@@ -38,9 +38,6 @@ class TrainerConfig(Section):
     train_every: Count = 100_000  # labelled examples per block
     batch_size: Count = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
     batch_size_cuda: Natural = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
-    # a block's training part is learned in at least this many optimizer steps: on a block smaller
-    # than batch_size * min_steps the batch shrinks (its holdout is learned at the same batch); 0 = off
-    min_steps: Natural = 0
     hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
     embedding_dim: Count = 16
     min_count: Natural = 0  # a hashed value gets its own embedding vector once seen this often; 0 = always
@@ -82,10 +79,10 @@ class TrainerConfig(Section):
     online_offset: bool = True
     online_offset_every: Count = 1_000
     online_offset_recent: Count = 20_000
-    # and the served version's residual: the FTRL reference (its settings) learned on the labels
-    # joined during its block, on top of the served logit (model + online offset), published with
-    # the offset, added by replicas and backtests (trainers.online_residual); refitted at the same
-    # pace. Chosen on the quality suite (benchmarks/README.md)
+    # and the served version's residual: FTRL-Proximal over the ids and a bias, learned on the
+    # labels joined during its block on top of the served logit (model + online offset), published
+    # with the offset, added by replicas and backtests (trainers.online_residual); backtests score
+    # with it at the offset's pace. Chosen on the quality suite (benchmarks/README.md)
     online_residual: bool = True
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
