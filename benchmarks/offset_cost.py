@@ -49,20 +49,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def timed_run(cfg: TrainerConfig, stream: list, first: int, chunk: int, serves: bool) -> float:
+def timed_run(
+    cfg: TrainerConfig, stream: list, first: int, chunk: int, serves: bool
+) -> tuple[float, int, int]:
     """Seconds to add ``stream[first:]`` after the first block, with or without live scoring (and
-    then publishing what it serves at most once a second, as ``ctr trainer`` does)."""
+    then publishing what it serves at most once a second, as ``ctr trainer`` does); and the largest
+    residual published (weights, bytes)."""
     # an in-memory registry: versions to publish the offset for, at the cost of a state_dict copy
     trainer = IncrementalTrainer(cfg, InMemoryModelStore(), label_delay_ms=60_000, serves_offset=serves)
     trainer.add(stream[:first])
     assert trainer.has_champion and trainer.serves_offset == serves
-    publisher = OffsetPublisher(MemoryOffsets())
+    board = MemoryOffsets()
+    publisher = OffsetPublisher(board)
+    weights = size = 0
     start = time.perf_counter()
     for at in range(first, len(stream), chunk):
         trainer.add(stream[at : at + chunk])
         if serves:
             publisher.maybe_publish(trainer)
-    return time.perf_counter() - start
+            version = trainer.champion_version
+            residual = None if version is None else board.get_residual(version)
+            if residual is not None and len(residual.coords) > weights:
+                weights, size = len(residual.coords), len(residual.to_bytes())
+    return time.perf_counter() - start, weights, size
 
 
 SETTINGS = {"without": (False, False), "with": (True, False), "residual": (True, True)}  # serves, residual
@@ -74,15 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     stream = synthetic_examples(args.block * (args.blocks + 1), seed=5, users=20_000, items=2_000)
     timed = len(stream) - args.block
     seconds: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    largest = (0, 0)  # the residual's weights and bytes, the most published
     for r in range(args.repeats):
         for name, (serves, residual) in SETTINGS.items():
             setting = dataclasses.replace(cfg, online_residual=residual)
-            s = timed_run(setting, stream, args.block, args.chunk, serves=serves)
+            s, weights, size = timed_run(setting, stream, args.block, args.chunk, serves=serves)
+            if residual:
+                largest = max(largest, (weights, size))
             seconds[name].append(s)
             print(
                 f"  run {r + 1} {name:>7} live scoring: {timed / s:8,.0f} examples/s ({s:.1f} s)", flush=True
             )
     rate = {name: timed / min(s) for name, s in seconds.items()}
+    print(f"the largest residual published: {largest[0]:,} weights, {largest[1]:,} bytes on Redis")
     cost = 1.0 - rate["with"] / rate["without"]
     residual_cost = 1.0 - rate["residual"] / rate["without"]
     print(
@@ -106,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "examples_per_s": rate,
         "throughput_cost": cost,
         "throughput_cost_with_residual": residual_cost,
+        "largest_residual": {"weights": largest[0], "bytes": largest[1]},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -206,3 +206,5 @@ def test_the_cost_benchmark_times_the_trainer_with_and_without_live_scoring(tmp_
     assert rate["with"] > 0 and data["throughput_cost"] == pytest.approx(1 - rate["with"] / rate["without"])
     assert len(data["seconds"]["residual"]) == 1
     assert data["throughput_cost_with_residual"] == pytest.approx(1 - rate["residual"] / rate["without"])
+    largest = data["largest_residual"]
+    assert largest["weights"] > 0 and largest["bytes"] > 16 * largest["weights"]  # published, as .npz
