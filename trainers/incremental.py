@@ -205,8 +205,8 @@ class IncrementalTrainer:
         self.cfg = cfg
         self.label_delay_ms = label_delay_ms if cfg.online_offset or cfg.online_residual else None
         self.serves_offset = serves_offset and self.label_delay_ms is not None
-        # the buffered rows' served logits, labels (-1: a correction) and FTRL inputs (ids, no
-        # sequence; dense), scored by _live_for
+        # the buffered rows' served logits, labels (-1: a correction) and encodings (the fields'
+        # ids, no sequence: what the residual reads), scored by _live_for
         self._live_for: TorchLearner | None = None
         self._live: list[tuple[np.ndarray, np.ndarray, EncodedBatch]] = []
         # the live residual (trainers.online_residual) and how many of _live's rows it learned
@@ -371,8 +371,10 @@ class IncrementalTrainer:
         version, offset = live
         if not self.cfg.online_residual:
             return version, offset, None
-        if self._residual is None:
-            self._residual, self._residual_rows = residual_learner(self.cfg.hash_buckets), 0
+        champion = self.champion
+        assert champion is not None  # live_offset answered for it
+        if self._residual is None:  # the champion's encoder's ids (an adopted version's may differ)
+            self._residual, self._residual_rows = residual_learner(champion.encoder.hash_buckets), 0
         at = 0
         for z, y, part in self._live:
             if at + len(z) > self._residual_rows:
@@ -590,15 +592,16 @@ class IncrementalTrainer:
                 every=every,
                 recent=self.cfg.online_offset_recent,
             )
-        if self.cfg.online_residual:
-            rows = batch.first_columns(len(self.champion.encoder.fields)) if self.champion else batch
+        if self.cfg.online_residual and self.champion is not None:
+            encoder = self.champion.encoder  # the ids' (an adopted version's may differ from the config)
+            rows = batch.first_columns(len(encoder.fields))
             rows = rows if clicks is None else rows[clicks]
             offsets = offsets + block_residual(
                 z_clicks,
                 y_clicks,
                 t_clicks,
                 rows,
-                hash_buckets=self.cfg.hash_buckets,
+                hash_buckets=encoder.hash_buckets,
                 delay_ms=self.label_delay_ms,
                 every=every,
                 offsets=offsets,
