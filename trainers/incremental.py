@@ -81,7 +81,7 @@ from trainers.metrics import block_metrics
 from trainers.models import is_multi_task
 from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, task_probabilities
 from trainers.online_offset import block_offsets, live_offset
-from trainers.online_residual import SparseResidual, block_residual, residual_learner
+from trainers.online_residual import SparseResidual, block_residual, ids_only, residual_learner
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
 
@@ -381,8 +381,7 @@ class IncrementalTrainer:
                 new = slice(max(0, self._residual_rows - at), len(z))
                 clicks = y[new] >= 0
                 if clicks.any():
-                    rows = part[new][clicks]
-                    labelled = EncodedBatch(rows.ids, np.zeros((len(rows), 0), np.float32), y[new][clicks])
+                    labelled = ids_only(part[new][clicks], y[new][clicks])
                     self._residual.learn(labelled, z[new][clicks] + offset)
             at += len(z)
         self._residual_rows = at

@@ -52,11 +52,12 @@ import numpy as np
 from trainers.encoding import EncodedBatch
 from trainers.ftrl import FtrlLearner, coordinates
 
-__all__ = ["SparseResidual", "block_residual", "residual_learner"]
+__all__ = ["SparseResidual", "block_residual", "ids_only", "residual_learner"]
 
 
-def _no_dense(n: int) -> np.ndarray:
-    return np.zeros((n, 0), np.float32)
+def ids_only(batch: EncodedBatch, labels: np.ndarray | None = None) -> EncodedBatch:
+    """What the residual reads of ``batch``: its ids (and ``labels``), no dense input."""
+    return EncodedBatch(batch.ids, np.zeros((len(batch.ids), 0), np.float32), labels)
 
 
 def residual_learner(hash_buckets: int) -> FtrlLearner:
@@ -89,13 +90,10 @@ def block_residual(
         if known > learned:
             shift = 0.0 if offsets is None else float(offsets[s])
             rows = slice(learned, known)
-            learner.learn(
-                EncodedBatch(batch.ids[rows], _no_dense(known - learned), labels[rows]), margin[rows] + shift
-            )
+            learner.learn(ids_only(batch[rows], labels[rows]), margin[rows] + shift)
             learned = known
         if learned:
-            part = batch.ids[s : s + every]
-            out[s : s + every] = learner.logits(EncodedBatch(part, _no_dense(len(part))))
+            out[s : s + every] = learner.logits(ids_only(batch[s : s + every]))
     return out
 
 
@@ -117,7 +115,7 @@ class SparseResidual:
         """The residual's logit for each row of ``batch``."""
         if len(self.coords) == 0 or len(batch) == 0:
             return np.zeros(len(batch))
-        coords, vals = coordinates(EncodedBatch(batch.ids, _no_dense(len(batch))), self.hash_buckets)
+        coords, vals = coordinates(ids_only(batch), self.hash_buckets)
         at = np.minimum(np.searchsorted(self.coords, coords), len(self.coords) - 1)
         w = np.where(self.coords[at] == coords, self.weights[at], 0.0)
         return (w * vals).sum(1)
