@@ -19,7 +19,7 @@ from pipeline.core.events import Impression
 from pipeline.core.types import Learner
 from trainers.calibration import fit_shift
 from trainers.encoding import MISSING, Encoder, stable_hash
-from trainers.gate import gate
+from trainers.gate import gate, paired_allowance
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.metrics import auc, block_metrics, calibration, logloss, normalized_entropy
@@ -150,6 +150,47 @@ def test_gate_rules():
     assert not gate(good | {"auc": math.nan}, None, 0.01).accepted  # two classes: nan auc is a defect
     one_class = {"logloss": 0.1, "auc": math.nan, "ne": math.nan, "count": 5.0, "positives": 0.0}
     assert gate(one_class, None, 0.01).accepted  # undefined by the data, not a broken model
+
+
+def _scores(n: int, seed: int, spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels at ~17% CTR, a champion's scores, and a candidate's: the champion's moved by noise."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(-1.6, 0.6, n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(float)
+    champion = 1 / (1 + np.exp(-z))
+    candidate = 1 / (1 + np.exp(-(z + rng.normal(0.0, spread, n))))
+    return y, candidate, champion
+
+
+def test_gate_refuses_only_what_chance_does_not_explain():
+    # 200 held-out rows (a 2,000-row block's tenth): a candidate the champion beats by a few
+    # thousandths of logloss, which another 200 rows could reverse.
+    y, cand, champ = _scores(200, seed=3, spread=0.35)
+    c, h = block_metrics(y, cand), block_metrics(y, champ)
+    assert h["logloss"] * 1.01 < c["logloss"] < h["logloss"] * 1.05  # worse beyond the tolerance alone
+    allowance = paired_allowance(y, cand, champ, 0.95)
+    assert not gate(c, h, 0.01).accepted  # the point estimates alone refused it
+    decision = gate(c, h, 0.01, allowance=allowance)
+    assert decision.accepted and "(chance)" in decision.reason
+    assert paired_allowance(y, cand, champ, 0.5) == 0.0  # confidence 0.5: the old rule
+    # The same kind of candidate on 50,000 rows: the allowance shrinks as 1 / sqrt(n), and a
+    # candidate really worse is refused.
+    y, cand, champ = _scores(50_000, seed=3, spread=0.35)
+    c, h = block_metrics(y, cand), block_metrics(y, champ)
+    allowance_large = paired_allowance(y, cand, champ, 0.95)
+    assert allowance_large < allowance / 10
+    refused = gate(c, h, 0.01, allowance=allowance_large)
+    assert not refused.accepted and refused.kind == "worse_than_champion"
+    # A broken candidate is refused on any holdout, and a non-finite score allows nothing.
+    y, _, champ = _scores(200, seed=4, spread=0.0)
+    broken = np.where(y > 0.5, 0.01, 0.99)
+    assert not gate(
+        block_metrics(y, broken),
+        block_metrics(y, champ),
+        0.01,
+        allowance=paired_allowance(y, broken, champ, 0.95),
+    ).accepted
+    assert paired_allowance(y, np.full(200, np.nan), champ, 0.95) == 0.0
 
 
 # -- contract suite over every model ---------------------------------------------------------------

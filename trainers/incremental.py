@@ -75,7 +75,7 @@ from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.ftrl import FtrlLearner
-from trainers.gate import GateDecision, gate, labels_look_corrupt
+from trainers.gate import GateDecision, gate, labels_look_corrupt, paired_allowance
 from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
 from trainers.models import is_multi_task
@@ -468,21 +468,33 @@ class IncrementalTrainer:
         p_hold = _rows(candidate.predict(hold) if tasks_hold is None else tasks_hold[:, 0], hold_clicks)
         cand_metrics = block_metrics(y_hold, p_hold) | {"train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
-        champ_metrics = (
-            block_metrics(y_hold, _rows(p_online[n - n_hold :], hold_clicks)) if self.has_champion else None
-        )
+        p_champ_hold = _rows(p_online[n - n_hold :], hold_clicks)
+        champ_metrics = block_metrics(y_hold, p_champ_hold) if self.has_champion else None
+        confidence = self.cfg.gate_confidence
         corrupt = (
             labels_look_corrupt(online, self.cfg.min_champion_auc, self._champion_auc)
             if self.has_champion
             else None
         )
-        decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance)
+        allowance = paired_allowance(y_hold, p_hold, p_champ_hold, confidence) if self.has_champion else 0.0
+        decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance, allowance=allowance)
         if tasks_hold is not None and tasks_online is not None:  # and the conversion task
             cand_metrics |= conversion_metrics(hold.labels, hold.conversions, tasks_hold)
+            champ_tasks = tasks_online[n - n_hold :]
+            cvr_allowance = 0.0
             if champ_metrics is not None:
-                champ_metrics |= conversion_metrics(hold.labels, hold.conversions, tasks_online[n - n_hold :])
+                champ_metrics |= conversion_metrics(hold.labels, hold.conversions, champ_tasks)
+                if hold.conversions is not None:  # pCTCVR over the rows of known conversion
+                    known = ~np.isnan(hold.conversions)
+                    cvr_allowance = paired_allowance(
+                        hold.conversions[known],
+                        tasks_hold[known, 0] * tasks_hold[known, 1],
+                        champ_tasks[known, 0] * champ_tasks[known, 1],
+                        confidence,
+                    )
             tol = self.cfg.conversion_gate_tolerance
-            decision = corrupt or both_tasks(decision, conversion_gate(cand_metrics, champ_metrics, tol))
+            conversion = conversion_gate(cand_metrics, champ_metrics, tol, allowance=cvr_allowance)
+            decision = corrupt or both_tasks(decision, conversion)
         if self.static is None:
             self.static = (candidate if decision.accepted else champion).clone(frozen=True)
 

@@ -23,6 +23,7 @@ __all__ = [
     "base_rate_entropy",
     "block_metrics",
     "calibration",
+    "example_loglosses",
     "logloss",
     "normalized_entropy",
 ]
@@ -58,13 +59,18 @@ def auc(y: np.ndarray, p: np.ndarray) -> float:
     return float((rank_sum - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
+def example_loglosses(y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each example's binary cross-entropy, predictions clipped to [EPS, 1 - EPS] (nan where p is)."""
+    y, p = _arrays(y, p)
+    q = np.clip(p, EPS, 1.0 - EPS)
+    out: np.ndarray = -(y * np.log(q) + (1.0 - y) * np.log1p(-q))
+    return out
+
+
 def logloss(y: np.ndarray, p: np.ndarray) -> float:
     """Mean binary cross-entropy with predictions clipped to [EPS, 1 - EPS]; nan if p has nan."""
-    y, p = _arrays(y, p)
-    if y.size == 0:
-        return math.nan
-    q = np.clip(p, EPS, 1.0 - EPS)
-    return float(-np.mean(y * np.log(q) + (1.0 - y) * np.log1p(-q)))
+    losses = example_loglosses(y, p)
+    return float(np.mean(losses)) if losses.size else math.nan
 
 
 def base_rate_entropy(rate: float) -> float:

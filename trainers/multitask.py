@@ -186,13 +186,18 @@ def conversion_metrics(labels: np.ndarray, conversions: np.ndarray | None, p: np
 
 
 def conversion_gate(
-    candidate: Mapping[str, Any], champion: Mapping[str, Any] | None, tolerance: float
+    candidate: Mapping[str, Any],
+    champion: Mapping[str, Any] | None,
+    tolerance: float,
+    *,
+    allowance: float = 0.0,
 ) -> GateDecision:
     """The conversion check of a multi-task candidate on the holdout rows of known conversion.
 
     Skipped (accepted, and the reason says so) with no such row or no conversion among them;
     refused if the candidate's ``cvr_logloss`` or ``cvr_mean_prediction`` is not finite, or its
-    ``cvr_logloss`` exceeds the champion's times ``1 + tolerance`` (the click gate's form).
+    ``cvr_logloss`` exceeds the champion's times ``1 + tolerance`` plus ``allowance`` (the click
+    gate's form: :func:`trainers.gate.paired_allowance` over the same rows).
     """
     examples = float(candidate.get(PREFIX + "examples", 0.0))
     if examples == 0:
@@ -209,7 +214,9 @@ def conversion_gate(
         return GateDecision(
             True, f"no finite champion cvr_logloss; candidate cvr_logloss {cand:.6f} is finite"
         )
-    return within_tolerance(cand, champ, tolerance, PREFIX + "logloss", "worse_on_conversions")
+    return within_tolerance(
+        cand, champ, tolerance, PREFIX + "logloss", "worse_on_conversions", allowance=allowance
+    )
 
 
 def both_tasks(click: GateDecision, conversion: GateDecision) -> GateDecision:

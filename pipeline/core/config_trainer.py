@@ -12,6 +12,7 @@ from pipeline.core.config_types import (
     CHECKED,
     Count,
     Device,
+    GateConfidence,
     ModelName,
     Natural,
     NewValues,
@@ -86,6 +87,10 @@ class TrainerConfig(Section):
     online_residual: bool = True
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
+    # ... and by what chance explains on the holdout: the one-sided bound, at this confidence, of the
+    # mean paired per-example logloss difference (trainers.gate.paired_allowance); 0.5 = the point
+    # estimates alone. A refused block is never learned, so a refusal needs evidence (README)
+    gate_confidence: GateConfidence = 0.95
     # esmm: and its conversion logloss (pCTCVR on the holdout's rows of known conversion) the
     # champion's by this fraction (negative: it must win by that much); a holdout without a
     # conversion skips that check

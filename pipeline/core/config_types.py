@@ -20,6 +20,7 @@ __all__ = [
     "Count",
     "Device",
     "FeaturePath",
+    "GateConfidence",
     "InferencePath",
     "LogFormat",
     "ModelName",
@@ -67,6 +68,7 @@ OpenShare = Annotated[float, Field(gt=0, lt=1)]  # a fraction that must leave so
 Port = Annotated[int, Field(ge=0, le=65_535)]  # a TCP port; 0 = off
 NonNegative = Annotated[float, Field(ge=0)]  # a weight, exponent or regularization strength
 SequenceLength = Annotated[int, Field(ge=0, le=1_000)]  # entries of a behaviour sequence; 0 = none
+GateConfidence = Annotated[float, Field(ge=0.5, lt=1)]  # a one-sided confidence level; 0.5 = none
 
 # validate_default: a default that breaks its own rule fails the first load, not a run hours later
 CHECKED = ConfigDict(extra="forbid", validate_default=True)
