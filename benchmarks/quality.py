@@ -77,7 +77,7 @@ REAL_BLOCK = 2_000  # the real samples have 10k rows: five blocks
 class WorldSpec:
     """How to open one world: ``kind`` a world of pipeline.sources.worlds, or a reader format."""
 
-    kind: str  # simulator | lifecycle | shifts | avazu | obd
+    kind: str  # simulator | lifecycle | shifts | catalog | avazu | obd
     seed: int
     what: str
     simulator: dict[str, Any] = dataclasses.field(default_factory=dict)  # SimulatorConfig overrides
@@ -140,6 +140,12 @@ WORLDS: dict[str, WorldSpec] = {
         "shifts", 2, "abrupt shifts, new-user bursts, ~20% of clicks past the window, ~3% CTR"
     ),
     "shifts-2": WorldSpec("shifts", 3, "the shifts world, another seed"),
+    "catalog": WorldSpec(
+        "catalog",
+        1,
+        "catalogue churn, item quality in a random walk, advertisers, heavy users, ~9% CTR (added "
+        "after the defaults were chosen)",
+    ),
     "avazu": WorldSpec(
         "avazu",
         7,

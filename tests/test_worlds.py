@@ -20,10 +20,11 @@ from pipeline.core.validation import Validator
 from pipeline.ops.cli import main
 from pipeline.sources.streams import SimulatorSource
 from pipeline.sources.worlds import WORLDS, open_world
+from pipeline.sources.worlds.catalog import CatalogWorld
 from pipeline.sources.worlds.lifecycle import LifecycleWorld
 from pipeline.sources.worlds.shifts import ShiftsWorld
 
-NEW = ("lifecycle", "lifecycle-cv", "shifts")
+NEW = ("lifecycle", "lifecycle-cv", "shifts", "catalog")
 Events = list[tuple[str, dict[str, Any]]]
 
 
@@ -163,6 +164,42 @@ def test_shifts_category_trends_jump_at_a_shift() -> None:
     across = np.mean([abs(np.log(after[c] / before[c])) for c in before if c in after])
     within = np.mean([abs(np.log(before[c] / earlier[c])) for c in before if c in earlier])
     assert across > 2 * within
+
+
+# -- catalog --------------------------------------------------------------------------------------
+def test_catalog_items_churn_and_heavy_users_dominate() -> None:
+    evs = stream("catalog", 6, 200_000)  # about a day
+    imps = list(impressions(evs).values())
+    assert 0.05 < sum(1 for k, _ in evs if k == "click") / len(imps) < 0.14
+    t0, t1 = imps[0]["ts"], imps[-1]["ts"]
+    first_seen: dict[str, int] = {}
+    for e in imps:
+        first_seen.setdefault(e["item_id"], e["ts"])
+    late = [e for e in imps if e["ts"] > t0 + (t1 - t0) * 2 / 3]
+    fresh = sum(1 for e in late if first_seen[e["item_id"]] > t0 + (t1 - t0) / 3)
+    assert fresh / len(late) > 0.25  # within a day, new items take a real share of the traffic
+    users = Counter(e["user_id"] for e in imps)
+    top = sum(c for _, c in users.most_common(len(users) // 100))  # the busiest 1% of users
+    assert top / len(imps) > 0.5 and sum(1 for c in users.values() if c <= 2) / len(users) > 0.5
+
+
+def test_catalog_quality_wanders_and_the_dense_score_tracks_it() -> None:
+    w = CatalogWorld(seed=6)
+    n = 60_000
+    p = w.true_probabilities(n)
+    imps = impressions(stream("catalog", 6, n))
+    score = np.array([e["dense"]["quality"] for e in imps.values()])
+    logit = np.log([p[i] / (1 - p[i]) for i in imps])
+    assert np.corrcoef(score, logit)[0, 1] > 0.15  # an upstream score with real signal (~0.25)
+    # each item's hidden quality walks: over a day it moves by about 0.04 * E|N(0,1)| * sqrt(24)
+    from pipeline.sources.worlds.catalog import _Items
+
+    items = _Items(w.p, 6)
+    items.at(0.0)
+    start = items.quality[: w.p.items_at_start].copy()
+    items.at(24 * 3_600.0)
+    moved = np.abs(items.quality[: w.p.items_at_start] - start)
+    assert 0.05 < np.median(moved) < 0.3 and np.mean(moved > 0.5) < 0.05
 
 
 def test_backtest_replays_a_world(tmp_path: Path) -> None:

@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=WORLDS,
         default="simulator",
         help="simulator (drifting interests, [simulator] config), lifecycle (ad life cycles, position bias, "
-        "CTR ~0.5%%) or shifts (abrupt shifts, new-user bursts, late clicks, CTR ~2-3%%); "
+        "CTR ~0.5%%), shifts (abrupt shifts, new-user bursts, late clicks, CTR ~2-3%%) or catalog "
+        "(catalogue churn, item quality in a random walk, heavy users, CTR ~9%%); "
         "pipeline/sources/worlds/",
     )
 

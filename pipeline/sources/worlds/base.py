@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.core.types import EventKind
 from pipeline.sources.conversions import conversion_event, intercept, lognormal_ms, sigmoid
 
-__all__ = ["Columns", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid"]
+__all__ = ["Columns", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid", "zipf_cdf"]
 
 HOUR_MS = 3_600_000
 _HOURS = tuple(f"{h:02d}" for h in range(24))
@@ -45,6 +45,15 @@ def arrivals(
         have += keep.size
         t = float(cand[-1])
     return np.concatenate(out)[:n]
+
+
+def zipf_cdf(n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
+    """The cumulative shares of ``n`` ids whose popularity is Zipf(``exponent``) in a random order
+    (draw an id with ``searchsorted(cdf, u, side="right")``)."""
+    w = np.arange(1, n + 1, dtype=np.float64) ** -exponent
+    cdf = np.cumsum(w[rng.permutation(n)] / w.sum())
+    cdf[-1] = 1.0
+    return cdf
 
 
 @dataclass

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.sources.worlds.base import Columns, World, arrivals, intercept, lognormal_ms, sigmoid
+from pipeline.sources.worlds.base import Columns, World, arrivals, intercept, lognormal_ms, sigmoid, zipf_cdf
 
 __all__ = ["ShiftsParams", "ShiftsWorld"]
 
@@ -76,13 +76,6 @@ class ShiftsParams:
     delay_max_s: float = 86_400.0
 
 
-def _zipf_cdf(n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
-    w = np.arange(1, n + 1, dtype=np.float64) ** -exponent
-    cdf = np.cumsum(w[rng.permutation(n)] / w.sum())
-    cdf[-1] = 1.0
-    return cdf
-
-
 class _Timeline:
     """Shift times and burst intervals, drawn lazily in order from their own generators."""
 
@@ -123,9 +116,9 @@ class ShiftsWorld(World):
         super().__init__(seed, p.start_ms)
         self.p = p
         rng = np.random.default_rng([seed, 0])
-        self.user_cdf = _zipf_cdf(p.users, p.user_zipf, rng)
-        self.item_cdf = _zipf_cdf(p.items, p.item_zipf, rng)
-        self.pub_cdf = _zipf_cdf(p.publishers, p.publisher_zipf, rng)
+        self.user_cdf = zipf_cdf(p.users, p.user_zipf, rng)
+        self.item_cdf = zipf_cdf(p.items, p.item_zipf, rng)
+        self.pub_cdf = zipf_cdf(p.publishers, p.publisher_zipf, rng)
         cat_vec = rng.standard_normal((p.categories, p.topics)) / math.sqrt(p.topics)
         self.item_cat = rng.integers(0, p.categories, p.items)
         self.item_vec = cat_vec[self.item_cat] + 0.3 * rng.standard_normal((p.items, p.topics))
