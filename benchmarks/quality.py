@@ -343,6 +343,7 @@ def run_world(
             "learners": gives,
             "examples": s["examples"],
             "dead_letters": s["dead_letters"],
+            "gate_refusals": s["blocks"] - s["versions"],  # blocks whose candidate the gate refused
         }
         say(f"  {name} {model}: {s['examples']:,} examples, {s['blocks']} blocks in {s['loop_s']:.0f}s")
         names = {"online": "default" if "default" in gives else model, "static": "static", "ftrl": "ftrl"}

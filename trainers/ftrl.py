@@ -76,6 +76,7 @@ class FtrlLearner:
         self.n_dense: int | None = None  # fixed by the first batch seen
         self._z = np.zeros(0)
         self._n = np.zeros(0)
+        self._g = np.zeros(0)  # a step's summed gradient per coordinate; 0 between steps
         self.examples_learned = 0
         self.version: str | None = None  # for symmetry with TorchLearner in reports
 
@@ -103,17 +104,20 @@ class FtrlLearner:
                 y[s : s + self.batch_size],
                 base[s : s + self.batch_size],
             )
-            uniq, inv = np.unique(c, return_inverse=True)
-            inv = inv.reshape(c.shape)
-            z, nn = self._z[uniq], self._n[uniq]
+            # Per entry of the step's (rows, coordinates), no np.unique (a sort per step): a
+            # coordinate's gradients are summed in place in ``_g``, and a coordinate that occurs
+            # twice writes the same new z and n twice.
+            z, nn = self._z[c], self._n[c]
             w = _weights(z, nn, a, b, l1, l2)
-            p = _sigmoid(m + (w[inv] * v).sum(1))
+            p = _sigmoid(m + (w * v).sum(1))
             q = np.clip(p, EPS, 1.0 - EPS)
             total += float(-(yy * np.log(q) + (1.0 - yy) * np.log1p(-q)).sum())
-            g = np.bincount(inv.ravel(), weights=((p - yy)[:, None] * v).ravel(), minlength=uniq.size)
+            np.add.at(self._g, c.ravel(), ((p - yy)[:, None] * v).ravel())
+            g = self._g[c]
+            self._g[c] = 0.0
             sigma = (np.sqrt(nn + g * g) - np.sqrt(nn)) / a
-            self._z[uniq] = z + g - sigma * w
-            self._n[uniq] = nn + g * g
+            self._z[c] = z + g - sigma * w
+            self._n[c] = nn + g * g
         self.examples_learned += n
         return total / n
 
@@ -136,9 +140,7 @@ class FtrlLearner:
         self._ensure(batch)
         p = self.params
         coords, vals = self._coords(batch)
-        uniq, inv = np.unique(coords, return_inverse=True)
-        w = _weights(self._z[uniq], self._n[uniq], p.alpha, p.beta, p.l1, p.l2)
-        return (w[inv.reshape(coords.shape)] * vals).sum(1)
+        return (_weights(self._z[coords], self._n[coords], p.alpha, p.beta, p.l1, p.l2) * vals).sum(1)
 
     def sparse_weights(self) -> tuple[np.ndarray, np.ndarray]:
         """``(coordinates, weights)`` of the non-zero weights (L1 keeps the rest at exactly 0), the
@@ -169,7 +171,7 @@ class FtrlLearner:
         if self.n_dense is None:
             self.n_dense = d
             size = self.hash_buckets + d + 1
-            self._z, self._n = np.zeros(size), np.zeros(size)
+            self._z, self._n, self._g = np.zeros(size), np.zeros(size), np.zeros(size)
         elif d != self.n_dense:
             raise ValueError(
                 f"FtrlLearner: batch has {d} dense inputs, the model was built with {self.n_dense}"
