@@ -15,6 +15,7 @@ impression comes first), however long its delay.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 from pipeline.core.types import EventKind
 from pipeline.sources.conversions import conversion_event, intercept, lognormal_ms, sigmoid
 
-__all__ = ["Columns", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid", "zipf_cdf"]
+__all__ = ["Columns", "LogitWorld", "World", "arrivals", "intercept", "lognormal_ms", "sigmoid", "zipf_cdf"]
 
 HOUR_MS = 3_600_000
 _HOURS = tuple(f"{h:02d}" for h in range(24))
@@ -161,6 +162,36 @@ class World:
 
     def hours(self, ts: np.ndarray) -> list[str]:
         return [_HOURS[h] for h in self.hour(ts).tolist()]
+
+
+class LogitWorld(World):
+    """A world that draws each chunk's columns and click logit (:meth:`_draw`), then its clicks:
+    probability ``sigmoid(logit + b0)``, ``b0`` fitted (:meth:`_fit_intercept`) so that the first
+    20k impressions click at a given rate, and each click's delay from :meth:`_delays`."""
+
+    b0 = 0.0
+
+    def _draw(self) -> Iterator[tuple[Columns, np.random.Generator, np.ndarray]]:
+        """Chunks without clicks: the columns, the chunk's generator (clicks and delays are drawn
+        from it next) and the logit."""
+        raise NotImplementedError
+
+    def _delays(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """A click delay (ms) for each of ``n`` impressions; only the clicked ones' are kept."""
+        raise NotImplementedError
+
+    def _fit_intercept(self, ctr: float) -> None:
+        self.b0 = 0.0
+        z = [zi for _, _, zi in itertools.islice(self._draw(), 4)]  # 20k impressions fix the intercept
+        self.b0 = intercept(np.concatenate(z), ctr)
+
+    def _chunks(self) -> Iterator[Columns]:
+        for cols, rng, z in self._draw():
+            n = len(cols)
+            cols.p = sigmoid(z + self.b0)
+            clicked = rng.random(n) < cols.p
+            cols.delay_ms = np.where(clicked, self._delays(rng, n), -1)
+            yield cols
 
 
 def _due(

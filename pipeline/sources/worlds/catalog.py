@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.sources.worlds.base import Columns, World, arrivals, intercept, lognormal_ms, sigmoid, zipf_cdf
+from pipeline.sources.worlds.base import Columns, LogitWorld, arrivals, lognormal_ms, zipf_cdf
 
 __all__ = ["CatalogParams", "CatalogWorld"]
 
@@ -117,7 +117,7 @@ class _Items:
         return share / share.sum()
 
 
-class CatalogWorld(World):
+class CatalogWorld(LogitWorld):
     """Catalogue churn, wandering item quality, advertisers, heavy users; see the module docstring."""
 
     name = "catalog"
@@ -135,12 +135,9 @@ class CatalogWorld(World):
         self.site_effect = rng.normal(0.0, 0.5, p.sites)
         self.site_cat = rng.integers(0, 25, p.sites)
         self.adv_effect = rng.normal(0.0, 0.4, p.advertisers)
-        self.b0 = 0.0
-        z = [zi for _, _, zi in itertools.islice(self._draw(), 4)]  # 20k impressions fix the intercept
-        self.b0 = intercept(np.concatenate(z), p.base_ctr)
+        self._fit_intercept(p.base_ctr)
 
     def _draw(self) -> Iterator[tuple[Columns, np.random.Generator, np.ndarray]]:
-        """Chunks without clicks: the columns, the chunk's generator and the logit."""
         p, items, t = self.p, _Items(self.p, self.seed), 0.0
         for ci in itertools.count():
             rng = np.random.default_rng([self.seed, 2, ci])
@@ -193,12 +190,6 @@ class CatalogWorld(World):
             )
             yield cols, rng, z
 
-    def _chunks(self) -> Iterator[Columns]:
+    def _delays(self, rng: np.random.Generator, n: int) -> np.ndarray:
         p = self.p
-        for cols, rng, z in self._draw():
-            n = len(cols)
-            cols.p = sigmoid(z + self.b0)
-            clicked = rng.random(n) < cols.p
-            delay = lognormal_ms(rng, n, p.delay_median_s, p.delay_sigma, p.delay_max_s)
-            cols.delay_ms = np.where(clicked, delay, -1)
-            yield cols
+        return lognormal_ms(rng, n, p.delay_median_s, p.delay_sigma, p.delay_max_s)

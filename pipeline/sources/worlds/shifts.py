@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.sources.worlds.base import Columns, World, arrivals, intercept, lognormal_ms, sigmoid, zipf_cdf
+from pipeline.sources.worlds.base import Columns, LogitWorld, arrivals, lognormal_ms, zipf_cdf
 
 __all__ = ["ShiftsParams", "ShiftsWorld"]
 
@@ -106,7 +106,7 @@ class _Timeline:
         return np.where(inside, k, -1)
 
 
-class ShiftsWorld(World):
+class ShiftsWorld(LogitWorld):
     """Abrupt shifts, new-user bursts, heavy-tailed click delays; see the module docstring."""
 
     name = "shifts"
@@ -127,12 +127,9 @@ class ShiftsWorld(World):
         self.pub_effect = rng.normal(0.0, 0.4, p.publishers)
         self.pub_cat = rng.integers(0, _SITE_CATEGORIES, p.publishers)
         self.user_device = rng.choice(len(_DEVICES), p.users, p=_DEVICE_P)
-        self.b0 = 0.0
-        z = [zi for _, _, zi in itertools.islice(self._draw(), 4)]  # 20k impressions fix the intercept
-        self.b0 = intercept(np.concatenate(z), p.base_ctr)
+        self._fit_intercept(p.base_ctr)
 
     def _draw(self) -> Iterator[tuple[Columns, np.random.Generator, np.ndarray]]:
-        """Chunks without clicks: the columns, the chunk's generator and the logit."""
         p, line, t = self.p, _Timeline(self.p, self.seed), 0.0
         users_vec = np.random.default_rng([self.seed, 1]).standard_normal((p.users, p.topics))
         regime = 0
@@ -221,14 +218,8 @@ class ShiftsWorld(World):
             )
             yield cols, rng, z
 
-    def _chunks(self) -> Iterator[Columns]:
+    def _delays(self, rng: np.random.Generator, n: int) -> np.ndarray:
         p = self.p
-        for cols, rng, z in self._draw():
-            n = len(cols)
-            cols.p = sigmoid(z + self.b0)
-            clicked = rng.random(n) < cols.p
-            fast = lognormal_ms(rng, n, p.fast_median_s, p.fast_sigma, p.delay_max_s)
-            slow = lognormal_ms(rng, n, p.slow_median_s, p.slow_sigma, p.delay_max_s)
-            delay = np.where(rng.random(n) < p.fast_share, fast, slow)
-            cols.delay_ms = np.where(clicked, delay, -1)
-            yield cols
+        fast = lognormal_ms(rng, n, p.fast_median_s, p.fast_sigma, p.delay_max_s)
+        slow = lognormal_ms(rng, n, p.slow_median_s, p.slow_sigma, p.delay_max_s)
+        return np.where(rng.random(n) < p.fast_share, fast, slow)
