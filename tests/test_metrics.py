@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -73,3 +76,21 @@ def test_json_logs_carry_the_daemon_context() -> None:
     line = json.loads(JsonFormatter().format(rec))
     assert line["msg"] == "lag 3" and line["daemon"] == "joiner" and line["offsets"] == {"imps:0": 5}
     set_context(daemon=None, offsets=None)
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on() -> None:
+    code = (
+        "import sys, threading, time\n"
+        "from pipeline.core.logs import dump_stacks_on_sigusr1\n"
+        "dump_stacks_on_sigusr1()\n"
+        "threading.Thread(target=time.sleep, args=(30,), name='waiter', daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('still running', flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and b"still running" in out  # dumped, not stopped
+    assert err.count(b"most recent call first") >= 2  # the main thread and the waiter

@@ -13,14 +13,24 @@ its last checkpoint -- which the daemons update with :func:`set_context`.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import threading
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["JsonFormatter", "LogSetup", "restore", "set_context", "snapshot", "use_json_logs"]
+__all__ = [
+    "JsonFormatter",
+    "LogSetup",
+    "dump_stacks_on_sigusr1",
+    "restore",
+    "set_context",
+    "snapshot",
+    "use_json_logs",
+]
 
 _context: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -83,3 +93,9 @@ def restore(setup: LogSetup) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` then writes every thread's stack to stderr (the daemon's log, the journal
+    under systemd): what a process that stopped making progress is waiting on, without stopping it."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -26,6 +26,7 @@ from typing import get_args
 from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
 from pipeline.core.config_types import ModelName
+from pipeline.core.logs import dump_stacks_on_sigusr1
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
 from pipeline.sources.worlds import WORLDS, open_world
@@ -134,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    dump_stacks_on_sigusr1()  # kill -USR1 <pid>: every thread's stack to the log
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
