@@ -98,4 +98,6 @@ def restore(setup: LogSetup) -> None:
 def dump_stacks_on_sigusr1() -> None:
     """``kill -USR1 <pid>`` then writes every thread's stack to stderr (the daemon's log, the journal
     under systemd): what a process that stopped making progress is waiting on, without stopping it."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    err = sys.__stderr__  # the process's own stderr: sys.stderr may be a capture without a file
+    if err is not None:
+        faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
