@@ -260,8 +260,12 @@ def test_fleet_serves_every_request_through_three_promotions_and_a_rollback(
             assert 'ctr_serving_requests_total{code="500"}' not in metrics
 
         # the champion's online offset, as the trainer publishes it: within a poll every replica
-        # adds it to each logit of that version (odds x 3), and none to another version's
-        body = json.dumps({"user_id": USERS[0], "context": {"site": "s1"}, "items": ITEMS}).encode()
+        # adds it to each logit of that version (odds x 3), and none to another version's. A user
+        # and items the store does not hold: their features are the defaults whether the store
+        # answers or a read slower than serving.feature_timeout_s falls back (a loaded machine),
+        # so the scores before and after differ by the offset alone.
+        unknown = {"user_id": "offset-check-user", "items": ["offset-check-a", "offset-check-b"]}
+        body = json.dumps({**unknown, "context": {"site": "s1"}}).encode()
         model = [_post(p, body)[1]["probabilities"] for p in ports]
         key = offset_key(Config().features.project, mlflow_scope.model_name)
         notify.hset(key, versions[3], "-5.0")  # not the champion's
