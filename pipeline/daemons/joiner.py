@@ -281,6 +281,7 @@ class JoinerDaemon:
             self.source.rewind({})
         else:
             logs.set_context(offsets=committed)
+            log.info("joiner: checkpoint committed for partitions %s", sorted(self.tasks))
         self.counters["checkpoints"] += 1
         self.observed.update_rates()
         seconds = time.monotonic() - started

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
@@ -210,35 +209,23 @@ def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
         count.close()
 
 
-def wait_for_commits(
-    r: Run, proc: subprocess.Popen[bytes], partitions: Callable[[], set[int]], timeout_s: float = 120
-) -> None:
-    """Block until ``proc`` has committed examples to every output partition it owns (``partitions``:
-    read from its log; the examples of input partition p go to output partition p); on a timeout,
+def wait_for_commit(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Block until ``proc`` (a ``ctr -v joiner``) has committed a checkpoint of tasks of its own: its
+    log says so only once the transaction (examples, task state, offsets) is committed, where an
+    output partition's end offset also moves past a transaction a rebalance aborted. On a timeout,
     fail with the stacks it prints on SIGUSR1 (``ctr``'s faulthandler) at the end of its log."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"],
-        isolation_level="read_committed",  # end offsets are then the last stable offsets
-        enable_auto_commit=False,
-    )
     deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            owned = partitions()
-            ends = consumer.end_offsets([TopicPartition(r.examples_topic, p) for p in sorted(owned)])
-            if owned and all(offset > 0 for offset in ends.values()):
-                return
-            if time.monotonic() > deadline:
-                proc.send_signal(signal.SIGUSR1)
-                time.sleep(2.0)
-                tail = Path(proc.log_path).read_text(errors="replace")[-6000:]  # type: ignore[attr-defined]
-                raise AssertionError(
-                    f"{proc.args} committed nothing to its partitions {sorted(owned)} in {timeout_s:.0f} s "
-                    f"(committed end offsets {ends}); its log (stacks last) ends:\n{tail}"
-                )
-            time.sleep(0.5)
-    finally:
-        consumer.close()
+    log = Path(proc.log_path)  # type: ignore[attr-defined]
+    while not re.search(r"checkpoint committed for partitions \[\d", log.read_text(errors="replace")):
+        if time.monotonic() > deadline:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
+            tail = log.read_text(errors="replace")[-6000:]
+            raise AssertionError(
+                f"{proc.args} committed no checkpoint of its tasks in {timeout_s:.0f} s; "
+                f"its log (stacks last) ends:\n{tail}"
+            )
+        time.sleep(0.5)
 
 
 def user_features(r: Run, users: list[str], feast: str = "state") -> list[dict[str, float]]:
@@ -392,9 +379,10 @@ def test_a_joiner_machine_lost_for_good_loses_and_duplicates_nothing(
         return set(re.findall(rf"task for partition (\d+) {how}", log))
 
     wait_for_examples(run, 90_000)
-    # The machine is lost once it has committed work of its own (examples and state of each of
-    # its partitions, in one transaction): the total alone can be reached by the other joiner.
-    wait_for_commits(run, doomed, lambda: {int(p) for p in opened(doomed, "(?:started|restored)")})
+    # The machine is lost once it has committed work of its own (examples and state of its
+    # partitions, in one transaction): the total alone can be reached by the other joiner, and a
+    # partition's end offset by a transaction of its that a rebalance aborted.
+    wait_for_commit(doomed)
     doomed.send_signal(signal.SIGKILL)  # never restarted: its folder is gone with its machine
     doomed.wait()
     shutil.rmtree(run.tmp / "machine-a")
