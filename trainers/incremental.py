@@ -79,7 +79,13 @@ from trainers.gate import GateDecision, gate, labels_look_corrupt, paired_allowa
 from trainers.learner import TorchLearner, cpu_threads
 from trainers.metrics import block_metrics
 from trainers.models import is_multi_task
-from trainers.multitask import both_tasks, conversion_gate, conversion_metrics, task_probabilities
+from trainers.multitask import (
+    both_tasks,
+    conversion_allowance,
+    conversion_gate,
+    conversion_metrics,
+    task_probabilities,
+)
 from trainers.online_offset import block_offsets, live_offset
 from trainers.online_residual import SparseResidual, block_residual, ids_only, residual_learner
 
@@ -484,14 +490,7 @@ class IncrementalTrainer:
             cvr_allowance = 0.0
             if champ_metrics is not None:
                 champ_metrics |= conversion_metrics(hold.labels, hold.conversions, champ_tasks)
-                if hold.conversions is not None:  # pCTCVR over the rows of known conversion
-                    known = ~np.isnan(hold.conversions)
-                    cvr_allowance = paired_allowance(
-                        hold.conversions[known],
-                        tasks_hold[known, 0] * tasks_hold[known, 1],
-                        champ_tasks[known, 0] * champ_tasks[known, 1],
-                        confidence,
-                    )
+                cvr_allowance = conversion_allowance(hold.conversions, tasks_hold, champ_tasks, confidence)
             tol = self.cfg.conversion_gate_tolerance
             conversion = conversion_gate(cand_metrics, champ_metrics, tol, allowance=cvr_allowance)
             decision = corrupt or both_tasks(decision, conversion)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.calibration import IDENTITY, apply_platt
-from trainers.gate import GateDecision, within_tolerance
+from trainers.gate import GateDecision, paired_allowance, within_tolerance
 from trainers.metrics import auc, block_metrics, calibration
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "PROBABILITY_COLUMN",
     "TaskTargets",
     "both_tasks",
+    "conversion_allowance",
     "conversion_gate",
     "conversion_metrics",
     "conversions_to_learn",
@@ -183,6 +184,26 @@ def conversion_metrics(labels: np.ndarray, conversions: np.ndarray | None, p: np
     out[PREFIX + "auc_by_ctr"] = auc(y, p[known, 0]) if known.any() else math.nan
     out[PREFIX + "clicked_auc_by_ctr"] = auc(y[clicked[known]], p[clicked, 0]) if clicked.any() else math.nan
     return out
+
+
+def conversion_allowance(
+    conversions: np.ndarray | None, candidate: np.ndarray, champion: np.ndarray, confidence: float
+) -> float:
+    """:func:`trainers.gate.paired_allowance` of pCTCVR over the rows of known conversion (those
+    :func:`conversion_metrics` scores), ``candidate`` and ``champion`` as its ``p``; 0 with none.
+
+    >>> conversion_allowance(None, np.zeros((2, 2)), np.zeros((2, 2)), 0.95)
+    0.0
+    """
+    if conversions is None:
+        return 0.0
+    known = ~np.isnan(conversions)
+    return paired_allowance(
+        conversions[known],
+        candidate[known, 0] * candidate[known, 1],
+        champion[known, 0] * champion[known, 1],
+        confidence,
+    )
 
 
 def conversion_gate(
