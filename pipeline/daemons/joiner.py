@@ -281,7 +281,8 @@ class JoinerDaemon:
             self.source.rewind({})
         else:
             logs.set_context(offsets=committed)
-            log.info("joiner: checkpoint committed for partitions %s", sorted(self.tasks))
+            if self.tasks:
+                log.info("joiner: checkpoint committed for partitions %s", sorted(self.tasks))
         self.counters["checkpoints"] += 1
         self.observed.update_rates()
         seconds = time.monotonic() - started
