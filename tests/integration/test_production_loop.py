@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
+from pipeline.kafka.example_records import lines
 from pipeline.kafka.io import ensure_topics, publish_stream
 from pipeline.kafka.read import ExampleCounter, examples_to_end
 from pipeline.sources.simulator import Simulator
@@ -211,9 +213,10 @@ def wait_for_examples(r: Run, at_least: int, timeout_s: float = 300) -> None:
 
 def wait_for_commit(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
     """Block until ``proc`` (a ``ctr -v joiner``) has committed a checkpoint of tasks of its own: its
-    log says so only once the transaction (examples, task state, offsets) is committed, where an
-    output partition's end offset also moves past a transaction a rebalance aborted. On a timeout,
-    fail with the stacks it prints on SIGUSR1 (``ctr``'s faulthandler) at the end of its log."""
+    log says so once the transaction of their state and input offsets has committed. (An output
+    partition's end offset says less: examples are flushed before that transaction, which can then
+    be refused, and the other joiner may have written to the partition before a rebalance.) On a
+    timeout, fail with the stacks it prints on SIGUSR1 (``ctr``'s faulthandler) at the end of its log."""
     deadline = time.monotonic() + timeout_s
     log = Path(proc.log_path)  # type: ignore[attr-defined]
     while not re.search(r"checkpoint committed for partitions \[\d", log.read_text(errors="replace")):
@@ -226,6 +229,26 @@ def wait_for_commit(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> No
                 f"its log (stacks last) ends:\n{tail}"
             )
         time.sleep(0.5)
+
+
+def wait_for_every_example(r: Run, ids: set[str], timeout_s: float = 300) -> None:
+    """Block until the run's output topic holds an example of every impression id in ``ids``
+    (repeats allowed), read once from the beginning, incrementally."""
+    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
+    tps = [TopicPartition(r.examples_topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    missing, deadline = set(ids), time.monotonic() + timeout_s
+    try:
+        while missing:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(missing)} of {len(ids)} examples missing after {timeout_s:.0f} s")
+            for records in consumer.poll(timeout_ms=200, max_records=100_000).values():
+                for record in records:
+                    for line in lines(record.value or b""):
+                        missing.discard(json.loads(line)["impression"]["impression_id"])
+    finally:
+        consumer.close()
 
 
 def user_features(r: Run, users: list[str], feast: str = "state") -> list[dict[str, float]]:
@@ -370,9 +393,8 @@ def test_a_joiner_machine_lost_for_good_loses_and_duplicates_nothing(
     for good mid-stream; the other takes its partitions, restoring their state from the changelog."""
     ref_run, ref_examples = reference
     doomed = run.start("-v", "joiner", CTR_DAEMON_STATE_DIR=str(run.tmp / "machine-a"))  # -v: tasks opened
-    survivor = run.start(
-        "-v", "joiner", "--exit-when-idle", "20", CTR_DAEMON_STATE_DIR=str(run.tmp / "machine-b")
-    )
+    # no --exit-when-idle: it could go idle on its own partitions before the other machine is lost
+    survivor = run.start("-v", "joiner", CTR_DAEMON_STATE_DIR=str(run.tmp / "machine-b"))
 
     def opened(proc: subprocess.Popen[bytes], how: str) -> set[str]:
         log = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
@@ -386,6 +408,8 @@ def test_a_joiner_machine_lost_for_good_loses_and_duplicates_nothing(
     doomed.send_signal(signal.SIGKILL)  # never restarted: its folder is gone with its machine
     doomed.wait()
     shutil.rmtree(run.tmp / "machine-a")
+    wait_for_every_example(run, set(ref_examples))  # the lost machine's partitions too
+    survivor.send_signal(signal.SIGTERM)  # a clean stop: flush, checkpoint, commit
     finish(survivor)
     examples, repeats = run.examples()  # repeats are allowed only as byte-identical copies
     lost = len(ref_examples.keys() - examples.keys())
