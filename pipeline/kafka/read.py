@@ -53,16 +53,23 @@ class ExampleCounter:
 
     def __call__(self) -> int:
         """The count after reading what arrived since the last call (0 while the topic is missing)."""
+        self.new_examples()
+        return self.count
+
+    def new_examples(self) -> list[bytes]:
+        """The examples (JSON lines) that arrived since the last call, counted (none while the
+        topic is missing)."""
         if not self.consumer.assignment():
             parts = self.consumer.partitions_for_topic(self.topic)
             if not parts:
-                return 0
+                return []
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
             self.consumer.assign(tps)
             self.consumer.seek_to_beginning(*tps)
-        for records in self.consumer.poll(timeout_ms=200, max_records=100_000).values():
-            self.count += sum(len(lines(r.value or b"")) for r in records)
-        return self.count
+        polled = self.consumer.poll(timeout_ms=200, max_records=100_000).values()
+        new = [line for records in polled for r in records for line in lines(r.value or b"")]
+        self.count += len(new)
+        return new
 
     def close(self) -> None:
         self.consumer.close()

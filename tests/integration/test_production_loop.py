@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from features.store import OnlineFeatureReader, connect_store
 from pipeline.core.config import Config, KafkaConfig
-from pipeline.kafka.example_records import lines
 from pipeline.kafka.io import ensure_topics, publish_stream
 from pipeline.kafka.read import ExampleCounter, examples_to_end
 from pipeline.sources.simulator import Simulator
@@ -219,7 +217,7 @@ def wait_for_commit(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> No
     timeout, fail with the stacks it prints on SIGUSR1 (``ctr``'s faulthandler) at the end of its log."""
     deadline = time.monotonic() + timeout_s
     log = Path(proc.log_path)  # type: ignore[attr-defined]
-    while not re.search(r"checkpoint committed for partitions \[\d", log.read_text(errors="replace")):
+    while "checkpoint committed for partitions" not in log.read_text(errors="replace"):
         if time.monotonic() > deadline:
             proc.send_signal(signal.SIGUSR1)
             time.sleep(2.0)
@@ -234,21 +232,17 @@ def wait_for_commit(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> No
 def wait_for_every_example(r: Run, ids: set[str], timeout_s: float = 300) -> None:
     """Block until the run's output topic holds an example of every impression id in ``ids``
     (repeats allowed), read once from the beginning, incrementally."""
-    consumer = KafkaConsumer(bootstrap_servers=r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"])
-    tps = [TopicPartition(r.examples_topic, p) for p in range(PARTITIONS)]
-    consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
+    reader = ExampleCounter(r.services["CTR_KAFKA_BOOTSTRAP_SERVERS"], r.examples_topic)
     missing, deadline = set(ids), time.monotonic() + timeout_s
     try:
         while missing:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{len(missing)} of {len(ids)} examples missing after {timeout_s:.0f} s")
-            for records in consumer.poll(timeout_ms=200, max_records=100_000).values():
-                for record in records:
-                    for line in lines(record.value or b""):
-                        missing.discard(json.loads(line)["impression"]["impression_id"])
+            missing.difference_update(
+                json.loads(line)["impression"]["impression_id"] for line in reader.new_examples()
+            )
     finally:
-        consumer.close()
+        reader.close()
 
 
 def user_features(r: Run, users: list[str], feast: str = "state") -> list[dict[str, float]]:
@@ -401,9 +395,8 @@ def test_a_joiner_machine_lost_for_good_loses_and_duplicates_nothing(
         return set(re.findall(rf"task for partition (\d+) {how}", log))
 
     wait_for_examples(run, 90_000)
-    # The machine is lost once it has committed work of its own (examples and state of its
-    # partitions, in one transaction): the total alone can be reached by the other joiner, and a
-    # partition's end offset by a transaction of its that a rebalance aborted.
+    # The machine is lost once it has committed work of its own (its tasks' state and input
+    # offsets, in one transaction): the total alone can be reached by the other joiner.
     wait_for_commit(doomed)
     doomed.send_signal(signal.SIGKILL)  # never restarted: its folder is gone with its machine
     doomed.wait()
