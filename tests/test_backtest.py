@@ -109,6 +109,22 @@ def test_paired_bootstrap_matches_the_exact_auc_and_brackets_it() -> None:
     assert math.isnan(percentile_ci(np.full(3, math.nan))[0])
 
 
+def test_a_stream_shorter_than_two_blocks_says_which_block_size_would_judge_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = drifting_config()  # blocks of 10,000
+    source = open_source(cfg, "simulator", None, seed=3, impressions=4_000)
+    result = run_backtest(cfg, source, tmp_path, title="short", seed=3, mlflow_run=False)
+    s = result.summary
+    assert s["blocks"] == 1 and math.isnan(s["learners"]["online"]["auc"])  # nothing judged
+    (hint,) = s["hints"]
+    n = s["examples"]
+    suggested = int(hint.rsplit("--train-every ", 1)[1].rstrip("."))
+    assert "no block is judged" in hint and n // 6 < suggested <= n // 5, hint
+    assert f"note: {hint}" in capsys.readouterr().out
+    assert hint in (tmp_path / "index.html").read_text()
+
+
 @pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
 def test_obd_backtest_over_both_policies_and_campaigns(tmp_path: Path) -> None:
     cfg = Config()
@@ -146,6 +162,7 @@ def test_cli_backtest_of_a_criteo_file_writes_the_report_and_an_mlflow_run(
     assert "examples/s" in printed and "margin online_vs_ftrl" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["blocks"] == 4 and summary["model"] == "dcnv2" and summary["format"] == "criteo"
+    assert summary["hints"] == [] and "note:" not in printed  # 4 blocks: enough to judge
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ctr-online-backtest")
     assert exp is not None

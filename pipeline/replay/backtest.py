@@ -184,6 +184,7 @@ def run_backtest(
         **(extra or {}),
         "config": cfg.to_dict(),
     }
+    summary["hints"] = _block_hints(result.examples, cfg.trainer.train_every)
     files = [report.write_csv(rows, out / "metrics.csv")]
     files += report.write_plots(rows, learners, out)
     files.append(report.write_html(summary, rows, files[1:], out))
@@ -201,6 +202,23 @@ def run_backtest(
         say(f"MLflow run {run} in {uri}")
     _print_summary(summary, say)
     return BacktestResult(summary, out, verdict, scores)
+
+
+def _block_hints(examples: int, train_every: int) -> list[str]:
+    """What to change when the stream is too short for its block size: the progressive metrics
+    judge blocks 2 and later (block 1 is scored by a model that has learned nothing), so a stream
+    of fewer than two blocks has no figures, and one of fewer than three few."""
+    if examples >= 3 * train_every:
+        return []
+    per_block = examples // 5
+    digits = max(0, len(str(per_block)) - 2)
+    suggested = max(1, per_block // 10**digits * 10**digits)  # two significant digits, down
+    judged = "no block is judged" if examples <= train_every else "only block 2 is judged"
+    return [
+        f"{examples:,} examples in blocks of {train_every:,}: {judged} (the metrics read blocks 2 "
+        f"and later; block 1 is scored before anything was learned). For about five blocks, rerun "
+        f"with --train-every {suggested}."
+    ]
 
 
 def _verdict(cfg: Config, events: int, by_reason: dict[str, int], path: Path) -> Diagnosis:
@@ -223,12 +241,15 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
         say(f"{name:>8} {f(v['auc']):>7} {ci:>17} {ll:>8} {ne:>7} {cal:>7}")
     for name, m in s["margins"].items():
         lo, hi = (f(x) for x in m["auc_ci95"])
-        say(f"margin {name}: AUC {m['auc']:+.4f} (95% CI {lo}..{hi}), logloss {m['logloss']:+.4f}")
+        auc, ll = ("-" if x != x else f"{x:+.4f}" for x in (m["auc"], m["logloss"]))
+        say(f"margin {name}: AUC {auc} (95% CI {lo}..{hi}), logloss {ll}")
     say(
         f"{s['blocks']} blocks, {s['examples']:,} examples ({s['events']:,} events, "
         f"{s['dead_letters']:,} dead letters) "
         f"in {s['loop_s']:.1f}s: {s['examples_per_s']:,.0f} examples/s"
     )
+    for hint in s.get("hints", ()):
+        say(f"note: {hint}")
     if s["dead_letters_by_reason"]:
         reasons = ", ".join(f"{r} {n:,}" for r, n in s["dead_letters_by_reason"].items())
         say(f"dead letters by reason: {reasons}")

@@ -187,6 +187,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}img{{max-width:48
 <p>{summary["blocks"]} blocks, {summary["examples"]:,} examples, {summary["examples_per_s"]:,.0f} examples/s;
 learners compared on blocks {_cell(summary["evaluated_blocks"])} ({summary["evaluated_examples"]:,} examples,
 {summary["evaluated_positives"]:,} positives).</p>
+{"".join(f"<p><b>Note:</b> {html.escape(h)}</p>" for h in summary.get("hints", ()))}
 <table><tr><th>learner</th>{head}</tr>{"".join(lines)}</table>
 <p>Margins (online better by):</p><ul>{"".join(margins)}</ul>
 {"".join(f'<img src="{p.name}" alt="{p.stem}">' for p in plots)}
