@@ -39,6 +39,7 @@ from features.store import FeatureWriter, open_store
 from pipeline.core import logs, systemd
 from pipeline.core.config import Config
 from pipeline.core.events import DeadLetter, kind_of
+from pipeline.core.gc_tuning import tune_gc
 from pipeline.core.metrics import serve_metrics
 from pipeline.core.partitioning import partition_of
 from pipeline.core.types import RawEvent, WallClock
@@ -156,6 +157,7 @@ class JoinerDaemon:
             self.cfg.daemon.checkpoint_every_s,
             max(self.cfg.daemon.checkpoint_max_share, 1e-3),
         )
+        tune_gc(self.cfg.daemon.gc_gen0_threshold)  # this process is the daemon's (as the signals)
         # consumer created, topics ensured, Feast store open: ready (systemd's Type=notify)
         if self.cfg.daemon.joiner_metrics_port:
             serve_metrics(self.metrics, self.cfg.daemon.metrics_host, self.cfg.daemon.joiner_metrics_port)
