@@ -232,8 +232,8 @@ class DaemonConfig(Section):
     checkpoint_every_s: Seconds = 5.0  # the joiner makes its output durable and commits this often
     # ... or less often when checkpoints are slow: they take at most this share of the joiner's time
     checkpoint_max_share: Share = 0.2
-    # the joiner's garbage collector (pipeline/core/gc_tuning.py): start-up objects frozen, a young
-    # collection every this many allocations; 0 = Python's defaults (700, nothing frozen)
+    # the garbage collector of the joiner, the trainer and the replay engine (pipeline/core/gc_tuning.py):
+    # start-up objects frozen, a young collection every this many allocations; 0 = Python's (700)
     gc_gen0_threshold: Natural = 50_000
     idle_merge_s: Seconds = 2.0  # a partition's stream silent this long stops holding back the other
     dead_letter_warn_share: Share = 0.05  # the joiner warns when dead letters pass this share of a minute

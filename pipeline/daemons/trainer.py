@@ -32,7 +32,7 @@ from typing import Any
 
 from kafka.errors import KafkaError
 
-from pipeline.core import logs, systemd
+from pipeline.core import gc_tuning, logs, systemd
 from pipeline.core.checkpoints import read_json, replace_dir, write_json
 from pipeline.core.config import Config
 from pipeline.core.events import LabelledExample
@@ -172,6 +172,7 @@ class TrainerDaemon:
         signal.signal(signal.SIGINT, stop)
         last_input = time.monotonic()
         block_from = dict(self.pos)
+        gc_tuning.tune_gc(self.cfg.daemon.gc_gen0_threshold)  # start-up objects frozen, as the joiner
         # MLflow reached, checkpoint loaded, a pending registration finished, consumer created
         if self.cfg.daemon.trainer_metrics_port:
             serve_metrics(self.metrics, self.cfg.daemon.metrics_host, self.cfg.daemon.trainer_metrics_port)

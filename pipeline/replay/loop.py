@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from features.item_stage import ItemStage
 from pipeline.core.config import Config
 from pipeline.core.events import DeadLetter, LabelledExample
+from pipeline.core.gc_tuning import tuned_gc
 from pipeline.core.types import RawEvent, Source
 from pipeline.join.partitioned_join import PartitionedJoin
 from serving_bridge.online_offset import OffsetPublisher
@@ -80,9 +81,10 @@ class OnlineLoop:
 
     def run(self, flush_at_end: bool = True) -> LoopResult:
         start = time.perf_counter()
-        for batch in self.source.batches():
-            self.step(batch)
-        self._hand_over(self.join.finish(flush=flush_at_end))
+        with tuned_gc(self.cfg.daemon.gc_gen0_threshold):  # full collections cost a third of a replay
+            for batch in self.source.batches():
+                self.step(batch)
+            self._hand_over(self.join.finish(flush=flush_at_end))
         self._push_features()
         self.result.dead_letters = self.join.dead_letters
         self.dead_letters.flush()
