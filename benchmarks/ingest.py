@@ -50,7 +50,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from pipeline.core.config import Config, KafkaConfig
 from pipeline.core.events import DeadLetter
-from pipeline.core.gc_tuning import restore_gc, tune_gc
+from pipeline.core.gc_tuning import tuned_gc
 from pipeline.core.types import ManualClock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.daemons.joiner import JoinerDaemon
@@ -135,25 +135,25 @@ def in_process(
     # (clock 0 skips the two comparisons, a few ns of the validator's microseconds)
     validator = Validator(cfg.validation, ManualClock(0))
     tasks = {p: PartitionTask(cfg, p, idle_s=0.0) for p in range(PARTITIONS)}
-    gc_before = tune_gc(cfg.daemon.gc_gen0_threshold)  # as the daemon's run() does; undone below
     offsets = dict.fromkeys((k, p) for k in ("impression", "click") for p in range(PARTITIONS))
     examples = out_bytes = 0
-    started = time.monotonic()
-    for lo in range(0, len(records), 5_000):  # one "poll" of max_poll_records
-        for kind, value, p in records[lo : lo + 5_000]:
-            off = offsets[kind, p] = (offsets[kind, p] or 0) + 1
-            event = validator.validate(RawEvent(kind, value, "bench", p, off))
-            tasks[p].offer(kind, off, None if isinstance(event, DeadLetter) else event)
+    # the daemon's collector settings; the raw producer, measured next, runs with Python's again
+    with tuned_gc(cfg.daemon.gc_gen0_threshold):
+        started = time.monotonic()
+        for lo in range(0, len(records), 5_000):  # one "poll" of max_poll_records
+            for kind, value, p in records[lo : lo + 5_000]:
+                off = offsets[kind, p] = (offsets[kind, p] or 0) + 1
+                event = validator.validate(RawEvent(kind, value, "bench", p, off))
+                tasks[p].offer(kind, off, None if isinstance(event, DeadLetter) else event)
+            for task in tasks.values():
+                task.run(at_end=lambda kind: True)
+                for ex in task.drain():
+                    payloads.append((ex.impression.user_id.encode(), ex.to_json()))
+                    out_bytes += len(payloads[-1][1])
+                    examples += 1
         for task in tasks.values():
-            task.run(at_end=lambda kind: True)
-            for ex in task.drain():
-                payloads.append((ex.impression.user_id.encode(), ex.to_json()))
-                out_bytes += len(payloads[-1][1])
-                examples += 1
-    for task in tasks.values():
-        task.features.drain_dirty()
-    elapsed = time.monotonic() - started
-    restore_gc(gc_before)  # the raw producer, measured next, runs with Python's defaults
+            task.features.drain_dirty()
+        elapsed = time.monotonic() - started
     return {
         "events": len(records),
         "examples": examples,

@@ -231,8 +231,8 @@ def _verdict(cfg: Config, events: int, by_reason: dict[str, int], path: Path) ->
 
 
 def _print_summary(s: dict[str, Any], say: Any) -> None:
-    def f(x: Any) -> str:
-        return "-" if x is None or x != x else f"{x:.4f}"
+    def f(x: Any, spec: str = ".4f") -> str:
+        return "-" if x is None or x != x else format(x, spec)
 
     say(f"{'learner':>8} {'AUC':>7} {'95% CI':>17} {'logloss':>8} {'NE':>7} {'calib':>7}")
     for name, v in s["learners"].items():
@@ -241,7 +241,7 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
         say(f"{name:>8} {f(v['auc']):>7} {ci:>17} {ll:>8} {ne:>7} {cal:>7}")
     for name, m in s["margins"].items():
         lo, hi = (f(x) for x in m["auc_ci95"])
-        auc, ll = ("-" if x != x else f"{x:+.4f}" for x in (m["auc"], m["logloss"]))
+        auc, ll = f(m["auc"], "+.4f"), f(m["logloss"], "+.4f")
         say(f"margin {name}: AUC {auc} (95% CI {lo}..{hi}), logloss {ll}")
     say(
         f"{s['blocks']} blocks, {s['examples']:,} examples ({s['events']:,} events, "
