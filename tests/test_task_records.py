@@ -103,6 +103,36 @@ def test_a_checkpoint_writes_the_users_that_changed_not_the_whole_state() -> Non
     assert [key for key, _ in checkpoint(task, log)] == [b"uu_0", b"uu_1", b"uu_2", b"m"]
 
 
+def test_a_finalised_id_reused_by_another_user_is_written_as_it_is_now() -> None:
+    """Finalised entries are kept encoded between checkpoints; an id forgotten and reused by another
+    user changes value, and the first user's next record must not restore the old one."""
+    task = PartitionTask(Config(), 0)
+    track(task)
+    log: dict[bytes, bytes] = {}
+    minute = 60_000
+    offsets = iter(range(100))
+
+    def offer(*events: Impression | Click) -> None:
+        for ev in events:
+            task.offer("impression" if isinstance(ev, Impression) else "click", next(offsets), ev)
+        task.run(now=1e12)
+
+    offer(Impression("b0", T0, "u_b", "ad1"))
+    checkpoint(task, log)  # u_b's record is the log's first
+    offer(Impression("i1", T0 + minute, "u_a", "ad1"), Impression("b1", T0 + 20 * minute, "u_b", "ad1"))
+    checkpoint(task, log)  # i1 finalised (no click): u_a's record holds ["d", "i1", forget_at]
+    later = T0 + 120 * minute  # past i1's dedup horizon: forgotten, free to be reused
+    offer(Impression("i1", later, "u_b", "ad2"), Click("c1", "i1", later + minute, "u_b"))
+    offer(
+        Impression("b2", later + 20 * minute, "u_b", "ad1"),
+        Impression("a2", later + 20 * minute, "u_a", "ad1"),
+    )
+    checkpoint(task, log)  # u_a changed (a2), u_b's i1 finalised as a positive
+    assert task.joiner.to_state()["done"]["i1"] < 0
+    state = state_from_records(log, Config().joiner)
+    assert state is not None and canonical(state) == canonical(task.to_state())
+
+
 def hostile_streams(n: int = 3_000) -> tuple[list[Impression], list[Click]]:
     """Duplicates (soon and past the dedup horizon), clicks before their impression, clicks of
     another user, clicks of no impression, long event-time gaps: every branch of the joiner."""

@@ -52,6 +52,7 @@ _IMPRESSION_FIELDS |= {"model_version", "score"}  # optional: what served it (th
 _CLICK_FIELDS = {"click_id", "impression_id", "ts", "user_id"}
 _CONVERSION_FIELDS = {"conversion_id", "impression_id", "ts", "user_id", "value"}
 _CONVERSION_REQUIRED = ("conversion_id", "impression_id", "ts", "user_id")
+_KNOWN_KEYS_MAX = 10_000  # feature keys remembered as valid (a stream has tens; bounds a hostile one)
 
 
 class Validator:
@@ -77,6 +78,7 @@ class Validator:
         self.pseudonymize = Pseudonymizer(cfg.pseudonym_key.get_secret_value(), "u_")
         self.pseudonymize_device = Pseudonymizer(cfg.pseudonym_key.get_secret_value(), "d_")
         self._pii = frozenset(cfg.pii_feature_keys)
+        self._known_keys: set[str] = set()  # feature and dense keys that matched the key pattern
         self._scrub_re = identifier_pattern(self._pii)
         self.rejected: dict[str, int] = {}
 
@@ -157,6 +159,9 @@ class Validator:
 
     @staticmethod
     def _check_fields(obj: Mapping[str, Any], allowed: set[str], required: tuple[str, ...]) -> None:
+        keys = obj.keys()
+        if keys <= allowed and all(map(keys.__contains__, required)):  # the common case, in C
+            return
         for name in required:
             if name not in obj:
                 raise _Reject("missing_field", f"missing field '{name}'")
@@ -203,10 +208,18 @@ class Validator:
             raise _Reject("bad_type", f"'features' is {type(raw).__name__}, expected object")
         if len(raw) > self.cfg.max_features:
             raise _Reject("bad_value", f"'features' has {len(raw)} entries, limit {self.cfg.max_features}")
+        if raw.keys() <= self._known_keys and self._pii.isdisjoint(raw):  # the common case, fast
+            for v in raw.values():
+                if type(v) is not str or len(v) > self.cfg.max_value_chars:
+                    break  # the loop below says what is wrong
+            else:
+                return dict(raw)
         out: dict[str, str] = {}
         for k, v in raw.items():
             if not _KEY.fullmatch(k):
                 raise _Reject("bad_value", f"feature key {str(k)[:64]!r} must match [A-Za-z0-9_]{{1,64}}")
+            if len(self._known_keys) < _KNOWN_KEYS_MAX:
+                self._known_keys.add(k)
             if not isinstance(v, str):
                 raise _Reject("bad_type", f"feature '{k}' is {type(v).__name__}, expected string")
             if len(v) > self.cfg.max_value_chars:
@@ -222,10 +235,18 @@ class Validator:
             raise _Reject("bad_type", f"'dense' is {type(raw).__name__}, expected object")
         if len(raw) > self.cfg.max_features:
             raise _Reject("bad_value", f"'dense' has {len(raw)} entries, limit {self.cfg.max_features}")
+        if raw.keys() <= self._known_keys:  # the common case, fast
+            for v in raw.values():
+                if type(v) is not float or not math.isfinite(v):
+                    break  # the loop below says what is wrong
+            else:
+                return dict(raw)
         out: dict[str, float] = {}
         for k, v in raw.items():
             if not _KEY.fullmatch(k):
                 raise _Reject("bad_value", f"dense key {str(k)[:64]!r} must match [A-Za-z0-9_]{{1,64}}")
+            if len(self._known_keys) < _KNOWN_KEYS_MAX:
+                self._known_keys.add(k)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise _Reject("bad_type", f"dense '{k}' is {type(v).__name__}, expected number")
             if not math.isfinite(v):
