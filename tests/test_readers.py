@@ -233,3 +233,83 @@ def test_backtest_opens_the_avazu_sample_with_the_configured_click_delay() -> No
     imp_ts = {v["impression_id"]: v["ts"] for kind, v in values if kind == "impression"}
     delays = [v["ts"] - imp_ts[v["impression_id"]] for kind, v in values if kind == "click"]
     assert (len(imp_ts), len(delays)) == (9_999, 1_706) and min(delays) > 0 and max(delays) <= 120_000
+
+
+def test_a_byte_order_mark_before_the_header_or_first_line_is_not_data(
+    criteo_file: Path, tmp_path: Path
+) -> None:
+    """Excel and some Windows exports write UTF-8's byte-order mark first: it is not part of the
+    first column's name (Avazu's 'id', OBD's) nor of the first JSONL event."""
+    bom = b"\xef\xbb\xbf"
+    lines = criteo_file.read_bytes().splitlines(keepends=True)[:50]
+    (tmp_path / "bom.txt").write_bytes(bom + b"".join(lines))
+    (tmp_path / "plain.txt").write_bytes(b"".join(lines))
+    cfg = Config()
+
+    def events_of(fmt: str, name: str) -> list[tuple[str, Any]]:
+        return [
+            (e.kind, e.value) for e in read_all(open_source(cfg, fmt, tmp_path / name, seed=3, impressions=0))
+        ]
+
+    assert len(events_of("criteo", "bom.txt")) > 50 and events_of("criteo", "bom.txt") == events_of(
+        "criteo", "plain.txt"
+    )
+    events = list(Simulator(SimulatorConfig(), 4).stream(20))
+    (tmp_path / "bom.jsonl").write_bytes(bom + b"".join(json.dumps(ev).encode() + b"\n" for _, ev in events))
+    out = validate_all(open_source(cfg, "jsonl", tmp_path / "bom.jsonl", seed=0, impressions=0))
+    assert len(out) == len(events) and not any(isinstance(o, DeadLetter) for o in out)
+    if AVAZU.is_file():
+        head = AVAZU.read_bytes().splitlines(keepends=True)[:200]
+        (tmp_path / "bom.csv").write_bytes(bom + b"".join(head))
+        (tmp_path / "plain.csv").write_bytes(b"".join(head))
+        assert len(events_of("avazu", "bom.csv")) > 199 and events_of("avazu", "bom.csv") == events_of(
+            "avazu", "plain.csv"
+        )
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_log_cut_short_is_reported_with_what_to_do(
+    criteo_file: Path, tmp_path: Path, suffix: str
+) -> None:
+    """A truncated download: the events before the cut are delivered, then one clear error, which
+    `ctr backtest` prints in a line (exit 2) instead of a traceback."""
+    from pipeline.ops.cli import main
+    from pipeline.sources.files import UnreadableLog
+
+    packed = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](
+        criteo_file.read_bytes()
+    )
+    cut = tmp_path / f"day_0.txt{suffix}"
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    source = CriteoTsvSource([cut], batch_size=100)
+    got: list[RawEvent] = []
+    with pytest.raises(UnreadableLog, match=r"cannot be read on after [\d,]+ events .*copy it again") as err:
+        for batch in source.batches():
+            got += batch
+    assert f"after {len(got):,} events" in str(err.value)
+    assert len(got) > 100 or suffix == ".bz2"  # bzip2 decodes by whole blocks (900 kB), this is one
+    out = tmp_path / "report"
+    assert main(["backtest", "--format", "criteo", "--source", str(cut), "--out", str(out)]) == 2
+
+
+def test_a_file_of_another_format_names_what_it_lacks(tmp_path: Path) -> None:
+    from pipeline.sources.avazu import AvazuCsvSource
+    from pipeline.sources.files import UnreadableLog
+
+    (tmp_path / "other.csv").write_text("user,ad,clicked\nu1,a1,0\n")
+    with pytest.raises(
+        UnreadableLog, match=r"not an Avazu CSV: its header lacks C14, click.*starts 'user,ad"
+    ):
+        read_all(AvazuCsvSource(tmp_path / "other.csv"))
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(UnreadableLog, match="it is empty"):
+        read_all(AvazuCsvSource(tmp_path / "empty.csv"))
+    (tmp_path / "x.parquet").write_text("not parquet")
+    with pytest.raises(UnreadableLog, match="cannot be read as Parquet"):
+        read_all(ParquetSource([tmp_path / "x.parquet"]))
+    folder = tmp_path / "random" / "men"
+    folder.mkdir(parents=True)
+    (folder / "item_context.csv").write_text(",item_id,item_feature_0\n0,0,0.5\n")
+    (folder / "men.csv").write_text(",ts,item,pos,clicked\n0,1,0,1,0\n")
+    with pytest.raises(UnreadableLog, match="not an Open Bandit log: its header lacks click, item_id"):
+        read_all(ObdCsvSource(tmp_path))

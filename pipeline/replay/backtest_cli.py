@@ -9,19 +9,35 @@ letters, printing the top reasons, an example line and the ``--map`` that would 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import Config
 from pipeline.core.types import Clock, RawEvent, Source
 from pipeline.replay.dead_letter_check import EXIT_MOSTLY_DEAD, Diagnosis, diagnose, read_dead_letters
+from pipeline.sources.files import UnreadableLog
 from pipeline.sources.jsonl_mapping import JsonlMapping
 
 __all__ = ["add_input_arguments", "apply_input_options", "backtest", "dead_letter_status", "replay"]
+
+
+def _unreadable_logs_said(command: Callable[[Config, argparse.Namespace], int]) -> Callable[..., int]:
+    """``command``, with a log it cannot read on reported in one line (exit 2), not a traceback."""
+
+    @functools.wraps(command)
+    def run(cfg: Config, args: argparse.Namespace) -> int:
+        try:
+            return command(cfg, args)
+        except UnreadableLog as exc:
+            print(f"ctr: {exc}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
@@ -33,6 +49,7 @@ def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
     cfg.jsonl.map = (*cfg.jsonl.map, *args.map)
 
 
+@_unreadable_logs_said
 def backtest(cfg: Config, args: argparse.Namespace) -> int:
     from pipeline.replay.backtest import run_backtest
     from pipeline.sources.open import open_source
@@ -135,6 +152,7 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+@_unreadable_logs_said
 def replay(cfg: Config, args: argparse.Namespace) -> int:
     from pipeline.replay.runner import run_embedded
     from pipeline.sources.open import open_source
@@ -162,6 +180,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     return dead_letter_status("demo", verdict, path)
 
 
+@_unreadable_logs_said
 def produce_log(cfg: Config, args: argparse.Namespace) -> int:
     """`ctr produce --source LOG`: the log, read as a backtest reads it, onto the event topics."""
     from pipeline.kafka.io import ensure_topics, publish_source

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
-from pipeline.sources.files import open_text
+from pipeline.sources.files import UnreadableLog, open_text
 from pipeline.sources.labelled import labelled_events
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
@@ -100,7 +100,12 @@ class AvazuCsvSource(_BatchingSource):
             header = next(reader, None) or []
             missing = {"id", "click", "hour", "C14", "device_id", "device_ip", "device_model"} - set(header)
             if missing:
-                raise ValueError(f"AvazuCsvSource: {self.path} lacks columns {sorted(missing)}")
+                start = f"it starts {','.join(header[:6])[:120]!r}" if header else "it is empty"
+                raise UnreadableLog(
+                    f"{self.path} is not an Avazu CSV: its header lacks {', '.join(sorted(missing))} "
+                    f"({start}). Avazu's train file starts 'id,click,hour,C1,banner_pos,...'; for "
+                    "another log, use --format jsonl with --map"
+                )
             col = {name: i for i, name in enumerate(header)}
             hour, group = "", list[list[str]]()
             for row in reader:

@@ -3,7 +3,12 @@
 Real CTR logs come compressed (Avazu's ``train.gz``, Criteo's ``train.txt.gz``, exports in
 ``.jsonl.gz``): every file reader opens its input here, so each format reads each compression.
 The standard library's codecs; their readers seek forward by decompressing, which is what a
-source's resume from a byte position needs.
+source's resume from a byte position needs. Text is UTF-8, a leading byte-order mark dropped (what
+Excel and some Windows exports write before the header).
+
+A file a reader cannot go on reading (a compressed stream cut short or damaged, a CSV without the
+columns its format needs) raises :class:`UnreadableLog`, which the commands report in one line with
+what to do, never as a traceback; a bad *line* or *row* is not that, but a dead letter.
 
 >>> with_compression((".jsonl",))
 ('.jsonl', '.jsonl.gz', '.jsonl.bz2', '.jsonl.xz')
@@ -15,13 +20,21 @@ import bz2
 import gzip
 import io
 import lzma
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["open_binary", "open_text", "with_compression"]
+__all__ = ["DAMAGED", "UnreadableLog", "open_binary", "open_text", "with_compression"]
 
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# what reading a file raises when its bytes are cut short or damaged (gzip's BadGzipFile and bz2's
+# "Invalid data stream" are OSErrors; a missing file is one too)
+DAMAGED: tuple[type[Exception], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+class UnreadableLog(ValueError):
+    """A log file that cannot be read on: its message says which, where, and what to do."""
 
 
 def with_compression(suffixes: tuple[str, ...]) -> tuple[str, ...]:
@@ -38,4 +51,4 @@ def open_binary(path: Path) -> IO[bytes]:
 
 def open_text(path: Path) -> io.TextIOWrapper:
     """``path`` as UTF-8 text (undecodable bytes replaced; newlines as written, for the csv module)."""
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="replace", newline="")
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="replace", newline="")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.files import UnreadableLog
 from pipeline.sources.jsonl_mapping import KINDS, untagged_kind
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read, _ts_of
 
@@ -45,13 +46,11 @@ class ParquetSource(_BatchingSource):
         )
 
     def _read(self) -> _Read:
-        import pyarrow.parquet as pq
-
         start = self._pos
         for k in range(start["file"], len(self.paths)):
             skip = start["row"] if k == start["file"] else 0
             row = 0
-            for batch in pq.ParquetFile(self.paths[k]).iter_batches(batch_size=8_192):
+            for batch in _record_batches(self.paths[k]):
                 for rec in batch.to_pylist():
                     row += 1
                     if row <= skip:
@@ -65,6 +64,20 @@ class ParquetSource(_BatchingSource):
 
     def _position(self, pos: Any) -> dict[str, Any]:
         return {"file": pos[0], "row": pos[1]}
+
+
+def _record_batches(path: Path) -> Iterator[Any]:
+    """``path``'s record batches; :class:`UnreadableLog` if it is not Parquet or is damaged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=8_192)
+    except pa.ArrowException as exc:  # not Parquet, its footer cut off, a damaged page
+        raise UnreadableLog(
+            f"{path} cannot be read as Parquet ({exc}): a file cut short or of another format? "
+            "Copy it again, or pick the --format it is written in"
+        ) from exc
 
 
 def _parquet_event(rec: Mapping[str, Any]) -> tuple[EventKind, dict[str, Any]]:

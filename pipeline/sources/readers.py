@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
-from pipeline.sources.files import open_text
+from pipeline.sources.files import UnreadableLog, open_text
 from pipeline.sources.labelled import labelled_events
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
@@ -199,10 +199,16 @@ class ObdCsvSource(_LabelledRows):
     def _file(self, k: int, policy: str, campaign: str, path: Path) -> Iterator[tuple[int, int, int, _Row]]:
         items = _item_context(path.parent / "item_context.csv")
         last_ts = 0
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
             reader = csv.reader(f)
             header = next(reader, None) or []
             col = {name: i for i, name in enumerate(header)}
+            missing = {"timestamp", "item_id", "position", "click"} - set(col)
+            if missing:
+                raise UnreadableLog(
+                    f"{path} is not an Open Bandit log: its header lacks {', '.join(sorted(missing))} "
+                    "(OBD's <policy>/<campaign>/<campaign>.csv start ',timestamp,item_id,position,click,...')"
+                )
             for n, cols in enumerate(reader):
                 imp = (
                     _obd_impression(cols, col, items, policy, campaign) if len(cols) == len(header) else None
@@ -215,7 +221,7 @@ class ObdCsvSource(_LabelledRows):
 
 
 def _item_context(path: Path) -> dict[str, dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         return {row["item_id"]: row for row in csv.DictReader(f)}
 
 

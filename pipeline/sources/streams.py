@@ -14,6 +14,7 @@ the replay routes it by that key, as Kafka would.
 
 from __future__ import annotations
 
+import codecs
 import heapq
 import itertools
 import json
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.types import EventKind, ManualClock, RawEvent
-from pipeline.sources.files import open_binary
+from pipeline.sources.files import DAMAGED, UnreadableLog, open_binary
 from pipeline.sources.jsonl_mapping import KINDS, JsonlMapping, untagged_kind
 
 __all__ = ["JsonlSource", "MergedJsonlSource", "SeededStream", "SimulatorSource"]
@@ -56,17 +57,29 @@ class _BatchingSource:
         batch: list[RawEvent] = []
         times: list[int] = []
         pos: Any = None
-        for event, ts, pos in self._read():
-            batch.append(event)
-            if ts is not None:
-                times.append(ts)
-            if len(batch) >= self.batch_size:
-                self._deliver(times, pos)
-                yield batch
-                batch, times = [], []
+        read = 0
+        damaged: Exception | None = None
+        try:
+            for event, ts, pos in self._read():
+                batch.append(event)
+                read += 1
+                if ts is not None:
+                    times.append(ts)
+                if len(batch) >= self.batch_size:
+                    self._deliver(times, pos)
+                    yield batch
+                    batch, times = [], []
+        except DAMAGED as exc:  # what was read before it is delivered, then the error
+            damaged = exc
         if batch:
             self._deliver(times, pos)
             yield batch
+        if damaged is not None:
+            raise UnreadableLog(
+                f"the {self.name} log cannot be read on after {read:,} events ({type(damaged).__name__}: "
+                f"{damaged}): a file cut short or damaged? Test it (gzip -t, bzip2 -t or xz -t FILE), "
+                "copy it again and rerun"
+            ) from damaged
 
     def _deliver(self, times: list[int], pos: Any) -> None:
         self._pos = self._position(pos)
@@ -227,6 +240,8 @@ class JsonlSource(_BatchingSource):
                     byte += len(line)
                     line_no += 1
                     raw = line.rstrip(b"\r\n")
+                    if line_no == 1 and raw.startswith(codecs.BOM_UTF8):  # an export's byte-order mark
+                        raw = raw[len(codecs.BOM_UTF8) :]
                     if not raw.strip():
                         continue  # blank lines are not events
                     kind, value, obj = self._decode(raw)
