@@ -123,6 +123,12 @@ def test_a_stream_shorter_than_two_blocks_says_which_block_size_would_judge_it(
     assert "no block is judged" in hint and n // 6 < suggested <= n // 5, hint
     assert f"note: {hint}" in capsys.readouterr().out
     assert hint in (tmp_path / "index.html").read_text()
+    from pipeline.replay.backtest import _block_hints
+
+    assert _block_hints(0, 100_000) == [  # no block size would help: no --train-every offered
+        "0 examples: too few to judge a model by (is --source the log you meant? any dead letters "
+        "are counted below)"
+    ]
 
 
 @pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
@@ -334,3 +340,10 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
     # under half: not failed, the reasons still counted; epoch seconds get their own hint
     d = diagnose(10, {"ts_too_old": 4}, [letter("ts_too_old", {**imp, "ts": 1_767_225_600})])
     assert not d.failed and d.by_reason == {"ts_too_old": 4} and "epoch seconds" in d.hints[0]
+    # a JSON array instead of JSON Lines (pretty-printed: its first line is "[")
+    array = {"reason": "bad_json", "detail": "", "raw": "[", "source": "log.jsonl", "offset": 0}
+    d = diagnose(12, {"bad_json": 12}, [array])
+    assert d.failed and d.hints == [
+        "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
+        "it, e.g. jq -c '.[]' FILE > events.jsonl"
+    ]

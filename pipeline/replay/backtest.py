@@ -210,6 +210,11 @@ def _block_hints(examples: int, train_every: int) -> list[str]:
     of fewer than two blocks has no figures, and one of fewer than three few."""
     if examples >= 3 * train_every:
         return []
+    if examples < 10:  # no block size helps: the log (or what the dead letters say of it) does
+        return [
+            f"{examples:,} examples: too few to judge a model by (is --source the log you meant? "
+            "any dead letters are counted below)"
+        ]
     per_block = examples // 5
     digits = max(0, len(str(per_block)) - 2)
     suggested = max(1, per_block // 10**digits * 10**digits)  # two significant digits, down

@@ -191,6 +191,11 @@ def diagnose(
         d.hints.append(
             "ts looks like epoch seconds; the schema wants epoch milliseconds (no --map converts it)"
         )
+    if samples and str(samples[0].get("raw", "")).lstrip().startswith("["):
+        d.hints.append(
+            "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
+            "it, e.g. jq -c '.[]' FILE > events.jsonl"
+        )
     if d.dead and not d.hints:
         schema = ", ".join((*KINDS, *FIELDS))
         d.hints.append(f"lines must follow the event schema ({schema}); see the reasons and the example")
