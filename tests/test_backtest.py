@@ -340,6 +340,12 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
     # under half: not failed, the reasons still counted; epoch seconds get their own hint
     d = diagnose(10, {"ts_too_old": 4}, [letter("ts_too_old", {**imp, "ts": 1_767_225_600})])
     assert not d.failed and d.by_reason == {"ts_too_old": 4} and "epoch seconds" in d.hints[0]
+    # ts as a date: said, with what the schema wants
+    d = diagnose(5, {"bad_type": 5}, [letter("bad_type", {**imp, "ts": "2026-01-01T00:00:00.005Z"})])
+    assert d.hints == [
+        "ts is text ('2026-01-01T00:00:00.005Z'); the schema wants epoch milliseconds as a JSON "
+        "integer: convert it before the replay (no --map converts it)"
+    ]
     # a JSON array instead of JSON Lines (pretty-printed: its first line is "[")
     array = {"reason": "bad_json", "detail": "", "raw": "[", "source": "log.jsonl", "offset": 0}
     d = diagnose(12, {"bad_json": 12}, [array])
@@ -347,3 +353,24 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
         "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
         "it, e.g. jq -c '.[]' FILE > events.jsonl"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["backtest", "--format", "simulator", "--train-every", "0"], "--train-every: 0 must be at least 1"),
+        (["simulate", "--out", "x.jsonl", "--impressions", "-5"], "--impressions: -5 must be at least 1"),
+        (["backtest", "--attribution-window", "-5"], "--attribution-window: -5 must be a number above 0"),
+        (["produce", "--rate", "nan"], "--rate: nan must be a number above 0"),
+    ],
+)
+def test_counts_and_rates_out_of_range_are_refused_before_anything_runs(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse's int took them: --train-every 0 ran with the config's blocks, a negative
+    attribution window labelled every click late."""
+    from pipeline.ops.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and said in capsys.readouterr().err

@@ -27,6 +27,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
 from pipeline.core.config_types import ModelName
 from pipeline.core.logs import dump_stacks_on_sigusr1
+from pipeline.ops.arg_types import count, positive
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
 from pipeline.sources.worlds import WORLDS, open_world
@@ -49,14 +50,14 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the whole loop in one process, with replicas: simulator or --source log")
     d.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (wiped first)")
-    d.add_argument("--impressions", type=int, default=650_000, help="simulated impressions")
+    d.add_argument("--impressions", type=count, default=650_000, help="simulated impressions")
     d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
+    d.add_argument("--train-every", type=count, help="examples per block (default: config, 100,000)")
     _log_arguments(d)
 
     s = sub.add_parser("simulate", help="write a simulated stream to a JSONL file")
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--impressions", type=int, default=100_000)
+    s.add_argument("--impressions", type=count, default=100_000)
     s.add_argument("--seed", type=int, default=7)
     s.add_argument(
         "--world",
@@ -71,21 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "replay", help="folded into `ctr backtest`, `ctr demo --source`, `ctr produce --source`"
     )
-    for flag in (
-        "--source",
-        "--format",
-        "--out",
-        "--train-every",
-        "--rate",
-    ):  # its old options: it says what to use
+    for flag in ("--source", "--format", "--out", "--train-every", "--rate"):  # old options: says what to use
         r.add_argument(flag)
     r.add_argument("--to-kafka", action="store_true")
     add_input_arguments(r)
 
     pr = sub.add_parser("produce", help="publish the simulated stream, or a --source log, to Kafka")
-    pr.add_argument("--impressions", type=int, default=100_000, help="simulated impressions")
+    pr.add_argument("--impressions", type=count, default=100_000, help="simulated impressions")
     pr.add_argument("--seed", type=int, default=7)
-    pr.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    pr.add_argument("--rate", type=positive, help="events per second (default: as fast as possible)")
     _log_arguments(pr)
 
     for name, what in (("joiner", "impressions + clicks -> examples"), ("trainer", "examples -> versions")):
@@ -100,11 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("backtest", help="replay a log through the live loop; report vs static and FTRL")
     b.add_argument("--source", type=Path, help="file or folder (OBD: the dataset folder); not for simulator")
     b.add_argument("--format", choices=FORMATS, default="jsonl")
-    b.add_argument("--train-every", type=int, help="examples per block (default: config, 100,000)")
+    b.add_argument("--train-every", type=count, help="examples per block (default: config, 100,000)")
     b.add_argument("--model", choices=get_args(ModelName), help="default: config (deepfm)")
-    b.add_argument("--attribution-window", type=float, help="seconds (default: config, 900)")
+    b.add_argument("--attribution-window", type=positive, help="seconds (default: config, 900)")
     b.add_argument("--seed", type=int, default=7, help="simulator, click delays, trainer, bootstrap")
-    b.add_argument("--impressions", type=int, default=1_000_000, help="simulated impressions (simulator)")
+    b.add_argument("--impressions", type=count, default=1_000_000, help="simulated impressions (simulator)")
     b.add_argument(
         "--world",
         choices=WORLDS,
@@ -120,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="services, lag, throughput, models and replicas on one screen")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--replica", action="append", default=[], help="replica base URL (default: config)")
-    st.add_argument("--blocks", type=int, default=5, help="how many recent versions to show")
+    st.add_argument("--blocks", type=count, default=5, help="how many recent versions to show")
 
     sub.add_parser("config", help="print the effective configuration as JSON")
     from pipeline.ops import ab
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ctr: {exc}", file=sys.stderr)
         return 2
-    if getattr(args, "train_every", None):
+    if getattr(args, "train_every", None) is not None:
         cfg.trainer.train_every = args.train_every
     if cfg.daemon.log_format == "json":
         from pipeline.core.logs import set_context, use_json_logs

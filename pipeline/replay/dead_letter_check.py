@@ -149,7 +149,7 @@ def diagnose(
         d.example = f"({where}) {str(s.get('raw', ''))[:_EXAMPLE_CHARS]}"
     pairs: dict[str, None] = {}
     unknown_values: dict[str, None] = {}
-    seconds = False
+    seconds, text_ts = False, ""
     for s in samples:
         if s.get("reason") in _UNREAD:
             continue
@@ -178,6 +178,8 @@ def diagnose(
                 pairs[f"{canonical}={k}"] = None
         ts = obj.get(next((k for k in keys if _SYNONYMS.get(_norm(k)) == "ts"), "ts"))
         seconds |= s.get("reason") == "ts_too_old" and isinstance(ts, int | float) and 0 < ts < 1e11
+        if s.get("reason") == "bad_type" and isinstance(ts, str) and not text_ts:
+            text_ts = ts  # a date ("2026-01-01T00:00:00Z") or digits in quotes
     d.suggested = list(pairs)
     tag_pair = next((p for p in pairs if p.startswith("type=")), None)
     if d.suggested:
@@ -190,6 +192,11 @@ def diagnose(
     if seconds:
         d.hints.append(
             "ts looks like epoch seconds; the schema wants epoch milliseconds (no --map converts it)"
+        )
+    if text_ts:
+        d.hints.append(
+            f"ts is text ({text_ts[:32]!r}); the schema wants epoch milliseconds as a JSON integer: "
+            "convert it before the replay (no --map converts it)"
         )
     if samples and str(samples[0].get("raw", "")).lstrip().startswith("["):
         d.hints.append(
