@@ -7,6 +7,7 @@ tests/integration/test_production_loop.py, against the replicas' own answers.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 
@@ -84,6 +85,31 @@ def test_cli_exits_non_zero_when_a_service_is_down(monkeypatch, capsys) -> None:
     assert main(["status", "--json"]) == 1
     status = json.loads(capsys.readouterr().out)
     assert status["replicas"][0]["url"] == cfg.daemon.replica_urls[0] and not status["replicas"][0]["up"]
+
+
+def test_an_error_names_its_type_once() -> None:
+    from kafka.errors import KafkaTimeoutError
+
+    from pipeline.ops.status import _error
+
+    assert str(KafkaTimeoutError("Unable to bootstrap")).startswith("KafkaTimeoutError")  # its own
+    assert _error(KafkaTimeoutError("Unable to bootstrap")) == "KafkaTimeoutError: Unable to bootstrap"
+    assert _error(ConnectionError("refused")) == "ConnectionError: refused"
+
+
+def test_the_status_screen_is_not_preceded_by_kafka_pythons_retries(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Its report says Kafka is down and why; kafka-python's own connection errors before it are
+    noise to an operator (shown with -v)."""
+    kafka_logger = logging.getLogger("kafka")
+    level = kafka_logger.level
+    monkeypatch.setattr("pipeline.ops.status.collect", lambda *args: {"services": {}})
+    try:
+        for argv, quiet in ((["status", "--json"], True), (["-v", "status", "--json"], False)):
+            kafka_logger.setLevel(logging.NOTSET)
+            main(argv)
+            assert (kafka_logger.level == logging.CRITICAL) == quiet
+    finally:
+        kafka_logger.setLevel(level)
 
 
 def test_render_shows_versions_lag_and_freshness() -> None:

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "status" and not args.verbose:  # its report says what is down, and why
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # not kafka-python's retries above it
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("FEAST_USAGE", "False")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

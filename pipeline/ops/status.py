@@ -66,7 +66,8 @@ def _http_text(url: str) -> str:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:200]
+    text, name = str(exc), type(exc).__name__
+    return (text if text.startswith(name) else f"{name}: {text}")[:200]  # kafka's name themselves
 
 
 # -- services ------------------------------------------------------------------------------------
