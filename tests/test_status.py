@@ -13,7 +13,8 @@ import time
 
 from pipeline.core.config import Config
 from pipeline.ops.cli import main
-from pipeline.ops.status import _redact, collect, parse_prometheus
+from pipeline.ops.probes import redact as _redact
+from pipeline.ops.status import collect, parse_prometheus
 from pipeline.ops.status_view import render
 
 
@@ -90,7 +91,7 @@ def test_cli_exits_non_zero_when_a_service_is_down(monkeypatch, capsys) -> None:
 def test_an_error_names_its_type_once() -> None:
     from kafka.errors import KafkaTimeoutError
 
-    from pipeline.ops.status import _error
+    from pipeline.ops.probes import error_text as _error
 
     assert str(KafkaTimeoutError("Unable to bootstrap")).startswith("KafkaTimeoutError")  # its own
     assert _error(KafkaTimeoutError("Unable to bootstrap")) == "KafkaTimeoutError: Unable to bootstrap"
@@ -137,3 +138,54 @@ def test_render_shows_versions_lag_and_freshness() -> None:
     assert "joiner   5" in screen
     assert "clicks: early 4, late 3, orphan 1" in screen
     assert "http://r:1" in screen and "version 7" in screen and "freshness 3.5 s" in screen
+
+
+def test_a_health_check_sends_the_urls_credentials_as_basic_auth() -> None:
+    """urllib takes ``user:pw@`` for part of the host name ("Name or service not known"): an MLflow
+    behind basic auth was reported down by `ctr status` and refused by `ctr versions`."""
+    import base64
+    import http.server
+    import threading
+
+    from pipeline.ops.probes import mlflow_error
+
+    seen: list[str | None] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            ok = self.path == "/health" and seen[-1] == "Basic " + base64.b64encode(b"ops:p@ss").decode()
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert mlflow_error(f"http://ops:p%40ss@127.0.0.1:{port}") is None
+        assert mlflow_error(f"http://ops:wrong@127.0.0.1:{port}") == "HTTPError: HTTP Error 401: Unauthorized"
+        assert mlflow_error(f"http://127.0.0.1:{port}/") == "HTTPError: HTTP Error 401: Unauthorized"
+        assert seen[0] is not None and seen[-1] is None
+    finally:
+        server.shutdown()
+
+
+def test_registry_commands_say_mlflow_is_down_at_once(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """MLflow's client retries a refused connection for minutes: the commands check first."""
+    from pipeline.ops.probes import registry_down
+
+    monkeypatch.setenv("CTR_REGISTRY_TRACKING_URI", "http://ops:secret@127.0.0.1:1")
+    for argv in (["versions"], ["ab"], ["rollback", "--to", "3", "--reason", "bad"]):
+        started = time.monotonic()
+        assert main(argv) == 2
+        assert time.monotonic() - started < 60  # no retry loop (a hang would stop the test)
+        err = capsys.readouterr().err
+        assert f"ctr {argv[0]}: MLflow at http://ops:***@127.0.0.1:1 is not answering" in err
+        assert "secret" not in err and "CTR_REGISTRY_TRACKING_URI" in err
+    cfg = Config()
+    cfg.registry.tracking_uri = "sqlite:///runs/demo/mlflow.db"  # a local store: nothing to ask
+    assert registry_down(cfg) is None

@@ -6,7 +6,8 @@ The trainer daemon aggregates the joined examples per served ``model_version``
 aliases point at (and any ``--version``), prints CTR, AUC, NE and calibration with their 95%
 intervals and, when both arms have a readout, challenger minus champion with a verdict.
 
-Exit codes: 0 shown; 1 no readout for any version shown yet; 2 no MLflow server configured.
+Exit codes: 0 shown; 1 no readout for any version shown yet; 2 no MLflow server configured, or it
+does not answer.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pipeline.core.config_loader import load_config
 from pipeline.core.config_types import ModelName
 from pipeline.core.logs import dump_stacks_on_sigusr1
 from pipeline.ops.arg_types import count, positive
+from pipeline.ops.probes import registry_down
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
 from pipeline.sources.worlds import WORLDS, open_world
@@ -141,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FEAST_USAGE", "False")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines drown the block table
-    # Deprecation notices are for developers (the test suite turns ours into errors), not operators.
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # for developers, not operators
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
         print(f"ctr: {exc}", file=sys.stderr)
+        return 2
+    if args.command in ("ab", "rollback", "versions") and (down := registry_down(cfg)):
+        print(f"ctr {args.command}: {down}", file=sys.stderr)
         return 2
     if getattr(args, "train_every", None) is not None:
         cfg.trainer.train_every = args.train_every

@@ -16,19 +16,15 @@ Everything is collected into one plain dict (:func:`collect`); :func:`render` pr
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 from pipeline.core.config import Config
+from pipeline.ops.probes import TIMEOUT_S, error_text, http_json, http_text, mlflow_error, redact
 
 __all__ = ["collect", "parse_prometheus"]
-
-_TIMEOUT_S = 2.0
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -55,21 +51,6 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-def _http_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp:
-        return json.loads(resp.read())
-
-
-def _http_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp:
-        return str(resp.read().decode())
-
-
-def _error(exc: BaseException) -> str:
-    text, name = str(exc), type(exc).__name__
-    return (text if text.startswith(name) else f"{name}: {text}")[:200]  # kafka's name themselves
-
-
 # -- services ------------------------------------------------------------------------------------
 def _services(cfg: Config) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
@@ -83,22 +64,19 @@ def _services(cfg: Config) -> dict[str, dict[str, Any]]:
             admin.close()
         out["kafka"] = {"up": True, "url": cfg.kafka.bootstrap_servers, "topics": len(topics)}
     except Exception as exc:
-        out["kafka"] = {"up": False, "url": cfg.kafka.bootstrap_servers, "error": _error(exc)}
+        out["kafka"] = {"up": False, "url": cfg.kafka.bootstrap_servers, "error": error_text(exc)}
     try:
         import redis
 
-        client = redis.Redis.from_url(cfg.daemon.redis_url, socket_timeout=_TIMEOUT_S)
+        client = redis.Redis.from_url(cfg.daemon.redis_url, socket_timeout=TIMEOUT_S)
         client.ping()
-        out["redis"] = {"up": True, "url": _redact(cfg.daemon.redis_url)}
+        out["redis"] = {"up": True, "url": redact(cfg.daemon.redis_url)}
     except Exception as exc:
-        out["redis"] = {"up": False, "url": _redact(cfg.daemon.redis_url), "error": _error(exc)}
+        out["redis"] = {"up": False, "url": redact(cfg.daemon.redis_url), "error": error_text(exc)}
     uri = cfg.registry.tracking_uri
     if uri.startswith("http"):
-        try:
-            _http_text(uri.rstrip("/") + "/health")
-            out["mlflow"] = {"up": True, "url": uri}
-        except Exception as exc:
-            out["mlflow"] = {"up": False, "url": uri, "error": _error(exc)}
+        error = mlflow_error(uri)
+        out["mlflow"] = {"up": error is None, "url": uri} | ({"error": error} if error else {})
     else:
         out["mlflow"] = {"up": True, "url": uri, "note": "local store (embedded profile)"}
     return out
@@ -107,18 +85,13 @@ def _services(cfg: Config) -> dict[str, dict[str, Any]]:
 def _kafka_kwargs(cfg: Config) -> dict[str, Any]:
     from pipeline.kafka.client import kafka_client_kwargs
 
-    timeout_ms = int(_TIMEOUT_S * 1000)
+    timeout_ms = int(TIMEOUT_S * 1000)
     return {
         **kafka_client_kwargs(cfg.kafka),
         "client_id": "ctr-status",
         "request_timeout_ms": timeout_ms,
         "bootstrap_timeout_ms": timeout_ms,
     }
-
-
-def _redact(url: str) -> str:
-    """A URL without its password (status output ends up in tickets and chat)."""
-    return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", url)
 
 
 # -- consumer groups -----------------------------------------------------------------------------
@@ -131,7 +104,7 @@ def _group_lag(cfg: Config) -> dict[str, Any]:
         "joiner": (f"{k.group_id_prefix}-joiner", [k.impressions_topic, k.clicks_topic]),
         "trainer": (f"{k.group_id_prefix}-trainer", [k.examples_topic]),
     }
-    timeout_ms = int(_TIMEOUT_S * 1000)
+    timeout_ms = int(TIMEOUT_S * 1000)
     out: dict[str, Any] = {}
     for name, (group, topics) in groups.items():
         # a consumer that only asks (never subscribes): it does not join the group or move anything
@@ -185,9 +158,9 @@ def _daemons(cfg: Config) -> dict[str, Any]:
             continue
         url = f"http://{d.metrics_host}:{port}/metrics"
         try:
-            samples = parse_prometheus(_http_text(url))
+            samples = parse_prometheus(http_text(url))
         except Exception as exc:
-            out[name] = {"up": False, "url": url, "error": _error(exc)}
+            out[name] = {"up": False, "url": url, "error": error_text(exc)}
             continue
         wanted = _DAEMON_SERIES[name]
         values = {n.removeprefix(f"ctr_{name}_"): v for n, labels, v in samples if n in wanted and not labels}
@@ -244,10 +217,10 @@ def _replicas(urls: Sequence[str]) -> list[dict[str, Any]]:
         base = url.rstrip("/")
         entry: dict[str, Any] = {"url": base}
         try:
-            answer = _http_json(base + "/version")
+            answer = http_json(base + "/version")
             entry.update(up=True, version=answer.get("version"), replica=answer.get("replica"))
             entry["challenger"] = answer.get("challenger")
-            samples = parse_prometheus(_http_text(base + "/metrics"))
+            samples = parse_prometheus(http_text(base + "/metrics"))
             swaps = [
                 v
                 for n, labels, v in samples
@@ -256,7 +229,7 @@ def _replicas(urls: Sequence[str]) -> list[dict[str, Any]]:
             ]
             entry["last_swap_at"] = max(swaps) if swaps else None
         except Exception as exc:
-            entry.update(up=False, error=_error(exc))
+            entry.update(up=False, error=error_text(exc))
         out.append(entry)
     return out
 
@@ -268,12 +241,12 @@ def collect(cfg: Config, replica_urls: Sequence[str] = (), last_blocks: int = 5)
     try:
         status["consumers"] = _group_lag(cfg) if up["kafka"] else {"error": "Kafka is down"}
     except Exception as exc:
-        status["consumers"] = {"error": _error(exc)}
+        status["consumers"] = {"error": error_text(exc)}
     status["daemons"] = _daemons(cfg)
     try:
         status["models"] = _models(cfg, last_blocks) if up["mlflow"] else {"error": "MLflow is down"}
     except Exception as exc:
-        status["models"] = {"error": _error(exc)}
+        status["models"] = {"error": error_text(exc)}
     replicas = _replicas(list(replica_urls) or list(cfg.daemon.replica_urls))
     closed = {b["version"]: b["block_closed_at"] for b in status["models"].get("last_blocks", [])}
     for r in replicas:
