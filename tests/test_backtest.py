@@ -353,24 +353,3 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
         "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
         "it, e.g. jq -c '.[]' FILE > events.jsonl"
     ]
-
-
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["backtest", "--format", "simulator", "--train-every", "0"], "--train-every: 0 must be at least 1"),
-        (["simulate", "--out", "x.jsonl", "--impressions", "-5"], "--impressions: -5 must be at least 1"),
-        (["backtest", "--attribution-window", "-5"], "--attribution-window: -5 must be a number above 0"),
-        (["produce", "--rate", "nan"], "--rate: nan must be a number above 0"),
-    ],
-)
-def test_counts_and_rates_out_of_range_are_refused_before_anything_runs(
-    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """argparse's int took them: --train-every 0 ran with the config's blocks, a negative
-    attribution window labelled every click late."""
-    from pipeline.ops.cli import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2 and said in capsys.readouterr().err

@@ -3,8 +3,8 @@
 argparse's own ``type=int`` takes ``--train-every 0`` or ``--impressions -5``, and the commands then
 ran with the config's default or with nothing, saying so only in their output.
 
->>> count("100_000"), positive("0.5")
-(100000, 0.5)
+>>> count("100_000"), positive("0.5"), ports("8081, 8082")
+(100000, 0.5, (8081, 8082))
 >>> count("0")
 Traceback (most recent call last):
 ...
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["count", "positive"]
+__all__ = ["count", "port", "ports", "positive"]
 
 
 def count(text: str) -> int:
@@ -39,3 +39,22 @@ def positive(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 1-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65_535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1-65535)")
+    return value
+
+
+def ports(text: str) -> tuple[int, ...]:
+    """Comma-separated TCP ports, each once."""
+    out = tuple(port(p.strip()) for p in text.split(",") if p.strip())
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{text!r} names a port twice")
+    return out

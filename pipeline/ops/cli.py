@@ -27,7 +27,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
 from pipeline.core.config_types import ModelName
 from pipeline.core.logs import dump_stacks_on_sigusr1
-from pipeline.ops.arg_types import count, positive
+from pipeline.ops.arg_types import count, port, ports, positive
 from pipeline.ops.probes import registry_down
 from pipeline.replay.backtest_cli import add_input_arguments
 from pipeline.sources.open import FORMATS
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         dp.add_argument("--exit-when-idle", type=float, metavar="S", help="stop after S s without input")
 
     sv = sub.add_parser("serve", help="daemon: one scoring replica")
-    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--port", type=port, default=8080)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--name", help="replica name (default: serve-<port>)")
 
@@ -262,10 +262,10 @@ def _deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     i.add_argument("--unit-dir", type=Path, help="default: <prefix>/etc/systemd/system")
     i.add_argument("--venv", type=Path, default=Path(sys.prefix), help="environment with ctr (default: ours)")
     i.add_argument("--kafka-libs", type=Path, help="Kafka jars (default: what deploy/services.sh fetched)")
-    i.add_argument("--kafka-port", type=int, default=9092)
-    i.add_argument("--mlflow-port", type=int, default=5000)
+    i.add_argument("--kafka-port", type=port, default=9092)
+    i.add_argument("--mlflow-port", type=port, default=5000)
     i.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    i.add_argument("--serve-ports", default="8081,8082", help="one ctr-serve@<port> each, in ctr.target")
+    i.add_argument("--serve-ports", type=ports, default=(8081, 8082), help="one ctr-serve@<port> each")
     i.add_argument("--create-user", action="store_true", help="useradd --system the user if missing (root)")
     i.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
 
@@ -274,7 +274,6 @@ def _deploy(args: argparse.Namespace) -> int:
     from pipeline.ops.deploy import Installer, InstallOptions
 
     try:
-        ports = tuple(int(p) for p in args.serve_ports.split(",") if p.strip())
         opts = InstallOptions(
             prefix=args.prefix,
             user=args.user,
@@ -285,7 +284,7 @@ def _deploy(args: argparse.Namespace) -> int:
             kafka_port=args.kafka_port,
             mlflow_port=args.mlflow_port,
             redis_url=args.redis_url,
-            serve_ports=ports,
+            serve_ports=args.serve_ports,
             create_user=args.create_user,
             dry_run=args.dry_run,
         )
