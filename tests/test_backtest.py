@@ -346,6 +346,20 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
         "ts is text ('2026-01-01T00:00:00.005Z'); the schema wants epoch milliseconds as a JSON "
         "integer: convert it before the replay (no --map converts it)"
     ]
+    # a row format's reader passes on a row it cannot read: the layout it wanted, not the JSONL schema
+    row = {
+        "reason": "bad_json",
+        "detail": "",
+        "raw": "\t".join(["7"] * 39),
+        "source": "criteo_tsv",
+        "offset": 0,
+    }
+    d = diagnose(3, {"bad_json": 3}, [row])
+    assert d.hints == [
+        "Criteo rows are a 0/1 label, 13 integers and 26 categorical values, tab-separated (40 fields; "
+        "Criteo's test files have no label, so they cannot be replayed); the example has 39 "
+        "tab-separated fields"
+    ]
     # a JSON array instead of JSON Lines (pretty-printed: its first line is "[")
     array = {"reason": "bad_json", "detail": "", "raw": "[", "source": "log.jsonl", "offset": 0}
     d = diagnose(12, {"bad_json": 12}, [array])

@@ -47,6 +47,21 @@ _SYNONYMS = {
 }
 _KEY = re.compile(r'"([^"\\]{1,64})"\s*:')
 _UNREAD = ("too_large", "bad_encoding", "bad_json", "not_an_object")  # no keys to learn from
+# The row formats' readers pass a row they cannot read on as its text, which validation then refuses as
+# bad_json: the hint is the layout the reader wanted (by the dead letter's source, the reader's name).
+_ROW_LAYOUTS = {  # source prefix: (the layout, its separator)
+    "criteo": (
+        "Criteo rows are a 0/1 label, 13 integers and 26 categorical values, tab-separated (40 fields; "
+        "Criteo's test files have no label, so they cannot be replayed)",
+        "tab",
+    ),
+    "avazu": ("Avazu rows need every column of the header, click 0 or 1 and hour as YYMMDDHH", "comma"),
+    "obd": (
+        "Open Bandit rows need every column of the header, a timestamp, click 0 or 1 and an item_id "
+        "listed in item_context.csv",
+        "comma",
+    ),
+}
 
 
 def _norm(name: str) -> str:
@@ -198,7 +213,13 @@ def diagnose(
             f"ts is text ({text_ts[:32]!r}); the schema wants epoch milliseconds as a JSON integer: "
             "convert it before the replay (no --map converts it)"
         )
-    if samples and str(samples[0].get("raw", "")).lstrip().startswith("["):
+    rows = [s for s in samples if s.get("reason") == "bad_json"]
+    source = str(rows[0].get("source")) if rows else ""
+    layout, sep = next((v for k, v in _ROW_LAYOUTS.items() if source.startswith(k)), ("", ""))
+    if layout:
+        fields = str(rows[0].get("raw", "")).count({"tab": "\t", "comma": ","}[sep]) + 1
+        d.hints.append(f"{layout}; the example has {fields} {sep}-separated field{'s' * (fields != 1)}")
+    elif samples and str(samples[0].get("raw", "")).lstrip().startswith("["):
         d.hints.append(
             "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
             "it, e.g. jq -c '.[]' FILE > events.jsonl"
