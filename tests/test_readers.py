@@ -313,3 +313,24 @@ def test_a_file_of_another_format_names_what_it_lacks(tmp_path: Path) -> None:
     (folder / "men.csv").write_text(",ts,item,pos,clicked\n0,1,0,1,0\n")
     with pytest.raises(UnreadableLog, match="not an Open Bandit log: its header lacks click, item_id"):
         read_all(ObdCsvSource(tmp_path))
+
+
+def test_a_parquet_log_in_another_vocabulary_reads_with_the_map(
+    parquet_files: list[Path], tmp_path: Path
+) -> None:
+    """--map renames Parquet columns as it does JSONL fields (the verdict of such a log suggests it)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet_files[0])
+    renamed = {"type": "event_type", "user_id": "uid", "ts": "timestamp"}
+    pq.write_table(
+        table.rename_columns([renamed.get(n, n) for n in table.column_names]), tmp_path / "r.parquet"
+    )
+    cfg = Config()
+    cfg.jsonl.map = ("type=event_type", "user_id=uid", "ts=timestamp")
+    mapped = read_all(open_source(cfg, "parquet", tmp_path / "r.parquet", seed=0, impressions=0))
+    canonical = read_all(open_source(Config(), "parquet", parquet_files[0], seed=0, impressions=0))
+    assert [(e.kind, e.value) for e in mapped] == [(e.kind, e.value) for e in canonical]
+    assert {e.kind for e in mapped} == {"impression", "click"}
+    unmapped = validate_all(open_source(Config(), "parquet", tmp_path / "r.parquet", seed=0, impressions=0))
+    assert all(isinstance(o, DeadLetter) for o in unmapped)  # without the map: refused, with reasons

@@ -219,7 +219,7 @@ class BacktestConfig(Section):
 
 @dataclass(config=CHECKED, repr=False)
 class JsonlConfig(Section):
-    # Read-time renames for JSONL logs in another vocabulary (pipeline/sources/jsonl_mapping.py), as
+    # Read-time renames for JSONL (and Parquet) logs in another vocabulary (sources/jsonl_mapping.py), as
     # "canonical=raw" pairs: "type=event_type" (the tag), "impression=imp" (a tag value), "user_id=uid".
     map: tuple[str, ...] = ()  # `--map` adds to these
     map_file: str = ""  # a JSON object of the same pairs ({"type": "event_type"}); empty = none

@@ -42,8 +42,8 @@ def _unreadable_logs_said(command: Callable[[Config, argparse.Namespace], int]) 
 
 def apply_input_options(cfg: Config, args: argparse.Namespace) -> None:
     """``--map-file`` replaces ``jsonl.map_file``; ``--map`` pairs come after ``jsonl.map``'s."""
-    if args.format != "jsonl" and (args.map or args.map_file):
-        raise ValueError(f"--map and --map-file are for --format jsonl, not {args.format}")
+    if args.format not in ("jsonl", "parquet") and (args.map or args.map_file):
+        raise ValueError(f"--map and --map-file are for --format jsonl or parquet, not {args.format}")
     if args.map_file is not None:
         cfg.jsonl.map_file = str(args.map_file)
     cfg.jsonl.map = (*cfg.jsonl.map, *args.map)
@@ -140,10 +140,10 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CANONICAL=RAW",
-        help="JSONL: rename at read time, repeatable: type=event_type (the tag), impression=imp, "
+        help="JSONL or Parquet: rename at read time, repeatable: type=event_type (the tag), impression=imp, "
         "click=clk (its values), user_id=uid, ts=timestamp (fields); adds to [jsonl] map",
     )
-    p.add_argument("--map-file", type=Path, help='JSONL: the same as a JSON object {"type": "event_type"}')
+    p.add_argument("--map-file", type=Path, help='the same as a JSON object {"type": "event_type"}')
     p.add_argument(
         "--clicks",
         type=Path,

@@ -108,6 +108,9 @@ def open_source(
             delay=delay,
             seed=seed,
         )
-    if fmt == "parquet":
-        return ParquetSource(_files(path, fmt))
+    if fmt == "parquet":  # renamed only when asked (`[jsonl] map`, --map): names are the schema's
+        renames = cfg.jsonl.map or cfg.jsonl.map_file
+        return ParquetSource(
+            _files(path, fmt), mapping=JsonlMapping.from_config(cfg.jsonl) if renames else None
+        )
     return open_jsonl(cfg, path, clicks)

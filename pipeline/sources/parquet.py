@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
 from pipeline.sources.files import UnreadableLog
-from pipeline.sources.jsonl_mapping import KINDS, untagged_kind
+from pipeline.sources.jsonl_mapping import KINDS, JsonlMapping, untagged_kind
 from pipeline.sources.streams import _BatchingSource, _key_of, _Read, _ts_of
 
 __all__ = ["ParquetSource", "write_parquet"]
@@ -25,7 +25,8 @@ class ParquetSource(_BatchingSource):
 
     ``features``/``dense`` may be maps, structs or JSON strings; null fields are left out, so the
     validator sees exactly what a JSONL line would carry. Without a ``type`` column an event is a
-    click when it has a ``click_id``. ``offset`` = (file index, row within it).
+    click when it has a ``click_id``. ``offset`` = (file index, row within it). ``mapping`` renames
+    the columns of a log in another vocabulary as it does a JSONL line's fields (``--map``).
     """
 
     name = "parquet"
@@ -35,9 +36,11 @@ class ParquetSource(_BatchingSource):
         paths: Sequence[str | Path],
         batch_size: int = 5_000,
         resume: dict[str, Any] | None = None,
+        mapping: JsonlMapping | None = None,
     ) -> None:
         super().__init__(batch_size, resume)
         self.paths = [Path(p) for p in paths]
+        self.mapping = mapping
         for p in self.paths:
             if not p.is_file():
                 raise ValueError(f"ParquetSource: {p} is not a file")
@@ -55,7 +58,7 @@ class ParquetSource(_BatchingSource):
                     row += 1
                     if row <= skip:
                         continue
-                    kind, value = _parquet_event(rec)
+                    kind, value = _parquet_event(rec, self.mapping)
                     yield (
                         RawEvent(kind, value, str(self.paths[k]), k, row - 1, _key_of(value)),
                         _ts_of(value),
@@ -80,7 +83,12 @@ def _record_batches(path: Path) -> Iterator[Any]:
         ) from exc
 
 
-def _parquet_event(rec: Mapping[str, Any]) -> tuple[EventKind, dict[str, Any]]:
+def _parquet_event(
+    rec: Mapping[str, Any], mapping: JsonlMapping | None = None
+) -> tuple[EventKind, dict[str, Any]]:
+    mapped: EventKind | None = None
+    if mapping is not None:  # renamed first: the columns below are the schema's names
+        mapped, rec = mapping.apply({k: v for k, v in rec.items() if v is not None})
     out: dict[str, Any] = {}
     for key, v in rec.items():
         if v is None or key == "type":
@@ -95,7 +103,7 @@ def _parquet_event(rec: Mapping[str, Any]) -> tuple[EventKind, dict[str, Any]]:
                 v = {k: x for k, x in v.items() if x is not None}
         out[key] = v
     tag = rec.get("type")
-    kind = next((k for k in KINDS if k == tag), None) or untagged_kind(out)
+    kind = mapped or next((k for k in KINDS if k == tag), None) or untagged_kind(out)
     return kind, out
 
 
