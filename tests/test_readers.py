@@ -290,6 +290,10 @@ def test_a_compressed_log_cut_short_is_reported_with_what_to_do(
     assert len(got) > 100 or suffix == ".bz2"  # bzip2 decodes by whole blocks (900 kB), this is one
     out = tmp_path / "report"
     assert main(["backtest", "--format", "criteo", "--source", str(cut), "--out", str(out)]) == 2
+    gone = CriteoTsvSource([cut])
+    cut.unlink()  # not damaged: not there (between the open and the read)
+    with pytest.raises(UnreadableLog, match=r"FileNotFoundError.*check that the file is there and readable"):
+        read_all(gone)
 
 
 def test_a_file_of_another_format_names_what_it_lacks(tmp_path: Path) -> None:

@@ -25,12 +25,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["DAMAGED", "UnreadableLog", "open_binary", "open_text", "with_compression"]
+__all__ = ["DAMAGED", "UnreadableLog", "open_binary", "open_text", "what_to_do", "with_compression"]
 
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 # what reading a file raises when its bytes are cut short or damaged (gzip's BadGzipFile and bz2's
-# "Invalid data stream" are OSErrors; a missing file is one too)
+# "Invalid data stream" are OSErrors), or when it cannot be read at all (a missing file, permissions)
 DAMAGED: tuple[type[Exception], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+def what_to_do(exc: BaseException) -> str:
+    """The advice for ``exc``, one of :data:`DAMAGED`."""
+    cut = isinstance(exc, EOFError | zlib.error | lzma.LZMAError | gzip.BadGzipFile)
+    if cut or "Invalid data stream" in str(exc):  # bz2's word for it
+        return (
+            "a file cut short or damaged? Test it (gzip -t, bzip2 -t or xz -t FILE), copy it again and rerun"
+        )
+    return "check that the file is there and readable, and rerun"
 
 
 class UnreadableLog(ValueError):

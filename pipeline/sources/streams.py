@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.types import EventKind, ManualClock, RawEvent
-from pipeline.sources.files import DAMAGED, UnreadableLog, open_binary
+from pipeline.sources.files import DAMAGED, UnreadableLog, open_binary, what_to_do
 from pipeline.sources.jsonl_mapping import KINDS, JsonlMapping, untagged_kind
 
 __all__ = ["JsonlSource", "MergedJsonlSource", "SeededStream", "SimulatorSource"]
@@ -77,8 +77,7 @@ class _BatchingSource:
         if damaged is not None:
             raise UnreadableLog(
                 f"the {self.name} log cannot be read on after {read:,} events ({type(damaged).__name__}: "
-                f"{damaged}): a file cut short or damaged? Test it (gzip -t, bzip2 -t or xz -t FILE), "
-                "copy it again and rerun"
+                f"{damaged}): {what_to_do(damaged)}"
             ) from damaged
 
     def _deliver(self, times: list[int], pos: Any) -> None:
