@@ -1,4 +1,5 @@
-"""Argument types of the command line: counts and rates refused before anything runs.
+"""Argument types of the command line: counts, rates, ports and output paths refused before anything
+runs (an output folder found unwritable after a long replay would lose it).
 
 argparse's own ``type=int`` takes ``--train-every 0`` or ``--impressions -5``, and the commands then
 ran with the config's default or with nothing, saying so only in their output.
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
+from pathlib import Path
 
-__all__ = ["count", "port", "ports", "positive"]
+__all__ = ["count", "out_problem", "port", "ports", "positive"]
 
 
 def count(text: str) -> int:
@@ -58,3 +61,19 @@ def ports(text: str) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"{text!r} names a port twice")
     return out
+
+
+def out_problem(command: str, out: Path | None) -> str | None:
+    """Why ``command`` cannot write its ``--out`` (a file for ``simulate``, else a folder, created
+    here), or None. Checked before the command runs."""
+    if out is None or command not in ("simulate", "demo", "backtest"):  # `ctr replay` only says where to go
+        return None
+    folder = out.parent if command == "simulate" else out
+    try:
+        if command == "simulate" and out.is_dir():
+            raise IsADirectoryError(21, "a folder, not a file")
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"--out {out}: {exc.strerror or exc}: pick a path you can write to"
+    return None

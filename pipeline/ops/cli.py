@@ -27,9 +27,10 @@ from pipeline.core.config import ConfigError
 from pipeline.core.config_loader import load_config
 from pipeline.core.config_types import ModelName
 from pipeline.core.logs import dump_stacks_on_sigusr1
-from pipeline.ops.arg_types import count, port, ports, positive
+from pipeline.ops.arg_types import count, out_problem, port, ports, positive
 from pipeline.ops.probes import registry_down
 from pipeline.replay.backtest_cli import add_input_arguments
+from pipeline.sources.jsonl_mapping import write_jsonl
 from pipeline.sources.open import FORMATS
 from pipeline.sources.worlds import WORLDS, open_world
 
@@ -169,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         status = collect(cfg, args.replica, args.blocks)
         print(json.dumps(status, indent=2) if args.json else render(status))
         return 0 if all(svc["up"] for svc in status["services"].values()) else 1
+    if problem := out_problem(args.command, getattr(args, "out", None)):
+        print(f"ctr {args.command}: {problem}", file=sys.stderr)
+        return 2
     if args.command == "simulate":
-        from pipeline.sources.jsonl_mapping import write_jsonl
-
-        world = open_world(args.world, args.seed, cfg.simulator)
-        n = write_jsonl(world.stream(args.impressions), args.out)
+        n = write_jsonl(open_world(args.world, args.seed, cfg.simulator).stream(args.impressions), args.out)
         print(f"wrote {n:,} events to {args.out}")
         return 0
     if args.command == "demo" and args.source is not None:

@@ -27,7 +27,8 @@ __all__ = ["add_input_arguments", "apply_input_options", "backtest", "dead_lette
 
 
 def _unreadable_logs_said(command: Callable[[Config, argparse.Namespace], int]) -> Callable[..., int]:
-    """``command``, with a log it cannot read on reported in one line (exit 2), not a traceback."""
+    """``command``, with a log it cannot read on reported in one line (exit 2), not a traceback
+    (an ``--out`` it cannot write is refused before: :func:`pipeline.ops.arg_types.out_problem`)."""
 
     @functools.wraps(command)
     def run(cfg: Config, args: argparse.Namespace) -> int:
