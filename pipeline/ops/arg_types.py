@@ -17,17 +17,25 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = ["count", "out_problem", "port", "ports", "positive"]
+
+T = TypeVar("T")
+
+
+def _parsed(text: str, parse: Callable[[str], T], noun: str) -> T:
+    try:
+        return parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
 
 
 def count(text: str) -> int:
     """A whole number >= 1 (impressions, examples per block, blocks); ``_`` and ``,`` may group digits."""
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _parsed(text.replace("_", "").replace(",", ""), int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be at least 1")
     return value
@@ -35,10 +43,7 @@ def count(text: str) -> int:
 
 def positive(text: str) -> float:
     """A finite number > 0 (events per second, seconds)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _parsed(text, float, "a number")
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
     return value
@@ -46,10 +51,7 @@ def positive(text: str) -> float:
 
 def port(text: str) -> int:
     """A TCP port, 1-65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    value = _parsed(text, int, "a port number")
     if not 1 <= value <= 65_535:
         raise argparse.ArgumentTypeError(f"{text} is not a port (1-65535)")
     return value
