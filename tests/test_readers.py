@@ -338,3 +338,24 @@ def test_a_parquet_log_in_another_vocabulary_reads_with_the_map(
     assert {e.kind for e in mapped} == {"impression", "click"}
     unmapped = validate_all(open_source(Config(), "parquet", tmp_path / "r.parquet", seed=0, impressions=0))
     assert all(isinstance(o, DeadLetter) for o in unmapped)  # without the map: refused, with reasons
+
+
+def test_a_compression_is_known_by_its_first_bytes_not_its_name(criteo_file: Path, tmp_path: Path) -> None:
+    """A gzipped log without .gz (Avazu's `train`, renamed) reads as the plain one; one compressed
+    with zstd, zip or lz4 is said to be, with the command that decompresses it (it was read as text:
+    every line a dead letter, the hint about the JSONL schema)."""
+    from pipeline.sources.files import UnreadableLog
+
+    (tmp_path / "day_0").write_bytes(gzip.compress(criteo_file.read_bytes()))
+    cfg = Config()
+    plain = [
+        (e.kind, e.value) for e in read_all(open_source(cfg, "criteo", criteo_file, seed=3, impressions=0))
+    ]
+    unnamed = [
+        (e.kind, e.value)
+        for e in read_all(open_source(cfg, "criteo", tmp_path / "day_0", seed=3, impressions=0))
+    ]
+    assert unnamed == plain
+    (tmp_path / "log.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64))
+    with pytest.raises(UnreadableLog, match=r"compressed with zstd.*\(zstd -d log\.jsonl\.zst\)"):
+        read_all(open_source(cfg, "jsonl", tmp_path / "log.jsonl.zst", seed=0, impressions=0))

@@ -1,4 +1,5 @@
-"""Log files as they are shipped: plain, or compressed with gzip, bzip2 or xz (by suffix).
+"""Log files as they are shipped: plain, or compressed with gzip, bzip2 or xz (known by their first
+bytes; the suffixes name the files a folder may hold).
 
 Real CTR logs come compressed (Avazu's ``train.gz``, Criteo's ``train.txt.gz``, exports in
 ``.jsonl.gz``): every file reader opens its input here, so each format reads each compression.
@@ -52,9 +53,31 @@ def with_compression(suffixes: tuple[str, ...]) -> tuple[str, ...]:
     return suffixes + tuple(s + c for s in suffixes for c in _OPENERS)
 
 
+# a compression is known by its first bytes, whatever the file is called (Avazu's `train`, renamed)
+_MAGIC: tuple[tuple[bytes, Callable[..., Any]], ...] = (
+    (b"\x1f\x8b", gzip.open),
+    (b"BZh", bz2.open),
+    (b"\xfd7zXZ\x00", lzma.open),
+)
+_UNREAD: tuple[tuple[bytes, str, str], ...] = (  # magic, name, the command that decompresses it
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+    (b"PK\x03\x04", "zip", "unzip"),
+    (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
+)
+
+
 def open_binary(path: Path) -> IO[bytes]:
-    """``path`` for reading bytes, decompressed when its suffix names a compression."""
-    opener = _OPENERS.get(path.suffix.lower())
+    """``path`` for reading bytes, decompressed when its first bytes are gzip's, bzip2's or xz's;
+    :class:`UnreadableLog` for a compression the standard library does not read (zstd, zip, lz4)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    opener = next((o for magic, o in _MAGIC if head.startswith(magic)), None)
+    for magic, name, tool in _UNREAD:
+        if head.startswith(magic):
+            raise UnreadableLog(
+                f"{path} is compressed with {name}, which the readers do not read: decompress it "
+                f"({tool} {path.name}) or compress it with gzip or xz instead"
+            )
     stream: IO[bytes] = opener(path, "rb") if opener is not None else open(path, "rb")  # noqa: SIM115
     return stream
 
