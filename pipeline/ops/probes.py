@@ -10,7 +10,6 @@ MLflow's own client retries a refused connection for minutes, with back-off, bef
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import urllib.parse
@@ -24,29 +23,27 @@ __all__ = ["TIMEOUT_S", "error_text", "http_json", "http_text", "mlflow_error", 
 TIMEOUT_S = 2.0
 
 
-def _request(url: str) -> urllib.request.Request:
-    """``url`` as a request; credentials in it (``http://user:pw@host``) become a Basic header, which
-    urllib would otherwise take for part of the host name."""
+def _open(url: str) -> Any:
+    """``urlopen(url)``; credentials in it (``http://user:pw@host``) go as basic auth, by urllib's own
+    handler (urlopen would take them for part of the host name)."""
     parts = urllib.parse.urlsplit(url)
     if parts.username is None:
-        return urllib.request.Request(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    netloc += f":{parts.port}" if parts.port else ""
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    user = urllib.parse.unquote(parts.username)
-    password = urllib.parse.unquote(parts.password or "")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return urllib.request.Request(bare, headers={"Authorization": f"Basic {token}"})
+        return urllib.request.urlopen(url, timeout=TIMEOUT_S)
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    passwords = urllib.request.HTTPPasswordMgrWithPriorAuth()  # sent with the first request
+    user, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
+    passwords.add_password(None, bare, user, password, is_authenticated=True)
+    opener = urllib.request.build_opener(urllib.request.HTTPBasicAuthHandler(passwords))
+    return opener.open(bare, timeout=TIMEOUT_S)
 
 
 def http_json(url: str) -> Any:
-    with urllib.request.urlopen(_request(url), timeout=TIMEOUT_S) as resp:
+    with _open(url) as resp:
         return json.loads(resp.read())
 
 
 def http_text(url: str) -> str:
-    with urllib.request.urlopen(_request(url), timeout=TIMEOUT_S) as resp:
+    with _open(url) as resp:
         return str(resp.read().decode())
 
 

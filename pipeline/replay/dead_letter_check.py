@@ -53,13 +53,13 @@ _ROW_LAYOUTS = {  # source prefix: (the layout, its separator)
     "criteo": (
         "Criteo rows are a 0/1 label, 13 integers and 26 categorical values, tab-separated (40 fields; "
         "Criteo's test files have no label, so they cannot be replayed)",
-        "tab",
+        "\t",
     ),
-    "avazu": ("Avazu rows need every column of the header, click 0 or 1 and hour as YYMMDDHH", "comma"),
+    "avazu": ("Avazu rows need every column of the header, click 0 or 1 and hour as YYMMDDHH", ","),
     "obd": (
         "Open Bandit rows need every column of the header, a timestamp, click 0 or 1 and an item_id "
         "listed in item_context.csv",
-        "comma",
+        ",",
     ),
 }
 
@@ -217,8 +217,8 @@ def diagnose(
     source = str(rows[0].get("source")) if rows else ""
     layout, sep = next((v for k, v in _ROW_LAYOUTS.items() if source.startswith(k)), ("", ""))
     if layout:
-        fields = str(rows[0].get("raw", "")).count({"tab": "\t", "comma": ","}[sep]) + 1
-        d.hints.append(f"{layout}; the example has {fields} {sep}-separated field{'s' * (fields != 1)}")
+        fields, name = str(rows[0].get("raw", "")).count(sep) + 1, "tab" if sep == "\t" else "comma"
+        d.hints.append(f"{layout}; the example has {fields} {name}-separated field{'s' * (fields != 1)}")
     elif samples and str(samples[0].get("raw", "")).lstrip().startswith("["):
         d.hints.append(
             "the log looks like one JSON array, not JSON Lines (one event object per line): convert "

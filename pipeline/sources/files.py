@@ -28,7 +28,13 @@ from typing import IO, Any
 
 __all__ = ["DAMAGED", "UnreadableLog", "open_binary", "open_text", "what_to_do", "with_compression"]
 
-_OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# suffix, first bytes, opener: a compression is known by its first bytes, whatever the file is called
+# (Avazu's `train`, renamed); the suffixes name the files a folder may hold
+_CODECS: tuple[tuple[str, bytes, Callable[..., Any]], ...] = (
+    (".gz", b"\x1f\x8b", gzip.open),
+    (".bz2", b"BZh", bz2.open),
+    (".xz", b"\xfd7zXZ\x00", lzma.open),
+)
 # what reading a file raises when its bytes are cut short or damaged (gzip's BadGzipFile and bz2's
 # "Invalid data stream" are OSErrors), or when it cannot be read at all (a missing file, permissions)
 DAMAGED: tuple[type[Exception], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -50,15 +56,9 @@ class UnreadableLog(ValueError):
 
 def with_compression(suffixes: tuple[str, ...]) -> tuple[str, ...]:
     """``suffixes`` and each of them followed by a compression suffix (file names a folder may hold)."""
-    return suffixes + tuple(s + c for s in suffixes for c in _OPENERS)
+    return suffixes + tuple(s + suffix for s in suffixes for suffix, _, _ in _CODECS)
 
 
-# a compression is known by its first bytes, whatever the file is called (Avazu's `train`, renamed)
-_MAGIC: tuple[tuple[bytes, Callable[..., Any]], ...] = (
-    (b"\x1f\x8b", gzip.open),
-    (b"BZh", bz2.open),
-    (b"\xfd7zXZ\x00", lzma.open),
-)
 _UNREAD: tuple[tuple[bytes, str, str], ...] = (  # magic, name, the command that decompresses it
     (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
     (b"PK\x03\x04", "zip", "unzip"),
@@ -71,7 +71,7 @@ def open_binary(path: Path) -> IO[bytes]:
     :class:`UnreadableLog` for a compression the standard library does not read (zstd, zip, lz4)."""
     with open(path, "rb") as f:
         head = f.read(6)
-    opener = next((o for magic, o in _MAGIC if head.startswith(magic)), None)
+    opener = next((o for _, magic, o in _CODECS if head.startswith(magic)), None)
     for magic, name, tool in _UNREAD:
         if head.startswith(magic):
             raise UnreadableLog(

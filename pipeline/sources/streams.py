@@ -57,27 +57,28 @@ class _BatchingSource:
         batch: list[RawEvent] = []
         times: list[int] = []
         pos: Any = None
-        read = 0
+        delivered = 0
         damaged: Exception | None = None
         try:
             for event, ts, pos in self._read():
                 batch.append(event)
-                read += 1
                 if ts is not None:
                     times.append(ts)
                 if len(batch) >= self.batch_size:
                     self._deliver(times, pos)
+                    delivered += len(batch)
                     yield batch
                     batch, times = [], []
         except DAMAGED as exc:  # what was read before it is delivered, then the error
             damaged = exc
         if batch:
             self._deliver(times, pos)
+            delivered += len(batch)
             yield batch
         if damaged is not None:
             raise UnreadableLog(
-                f"the {self.name} log cannot be read on after {read:,} events ({type(damaged).__name__}: "
-                f"{damaged}): {what_to_do(damaged)}"
+                f"the {self.name} log cannot be read on after {delivered:,} events "
+                f"({type(damaged).__name__}: {damaged}): {what_to_do(damaged)}"
             ) from damaged
 
     def _deliver(self, times: list[int], pos: Any) -> None:
