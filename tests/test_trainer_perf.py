@@ -163,6 +163,7 @@ def _learner(sparse_optimizer: str = "adam", **config: Any) -> TorchLearner:
         embedding_dim=4,
         hidden=(8,),
         batch_size=64,
+        min_steps=0,  # steps of batch_size whatever the block's size: the optimizers' mechanics
         device="cpu",
         sparse_optimizer=sparse_optimizer,  # type: ignore[arg-type]
         **config,

@@ -430,6 +430,21 @@ def test_embedding_vectors_rate_shrinks_with_the_field_pairs_past_sparse_rate_fi
         assert narrower.param_groups[0]["lr"] == pytest.approx(5e-2 * 2 / (fields * (fields - 1)))
 
 
+def test_a_small_block_is_learned_in_min_steps_and_its_holdout_in_the_same_batches(train_set):
+    """min_steps: a block under min_steps * batch_size rows gets smaller batches; a large one not."""
+    small = learner("deepfm", train_set, batch_size=512, min_steps=32)
+    small.learn(train_set[:1_800])
+    assert small.steps == 32  # batches of ceil(1800 / 32) = 57, not 4 of 512
+    small.learn(train_set[1_800:2_000], block_rows=1_800)  # a holdout, in its block's batches
+    assert small.steps == 32 + 4
+    large = learner("deepfm", train_set, batch_size=128, min_steps=32)
+    large.learn(train_set[:6_000])
+    assert large.steps == 47  # 6,000 rows are 47 steps of 128 already
+    off = learner("deepfm", train_set, batch_size=512, min_steps=0)
+    off.learn(train_set[:1_800])
+    assert off.steps == 4
+
+
 def test_dcnv2_shares_the_hashed_embedding_and_records_its_cross_layers(train_set):
     from trainers.models import HashedEmbedding
 

@@ -540,7 +540,7 @@ class IncrementalTrainer:
                 # share of every block would never reach the served model.
                 # Its few steps do not widen the dense inputs' range: trainers.learner.learn.
                 start = time.perf_counter()
-                loss_hold = candidate.learn(hold, widen_range=False)
+                loss_hold = candidate.learn(hold, widen_range=False, block_rows=len(train))
                 report.train_seconds = train_s + time.perf_counter() - start
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:

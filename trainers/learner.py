@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -114,11 +115,18 @@ def pins_host_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def step_batch_size(cfg: TrainerConfig, device: torch.device) -> int:
-    """Examples per optimizer step: ``cfg.batch_size_cuda`` on CUDA when set, else ``cfg.batch_size``."""
-    if device.type == "cuda" and cfg.batch_size_cuda > 0:
-        return cfg.batch_size_cuda
-    return cfg.batch_size
+def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 0) -> int:
+    """Examples per optimizer step: ``cfg.batch_size_cuda`` on CUDA when set, else ``cfg.batch_size``;
+    smaller when a block of ``block_rows`` would otherwise be learned in fewer than ``cfg.min_steps``.
+
+    >>> cpu = torch.device("cpu")
+    >>> step_batch_size(TrainerConfig(), cpu, 100_000), step_batch_size(TrainerConfig(min_steps=32), cpu, 1_800)
+    (512, 57)
+    """
+    bs = cfg.batch_size_cuda if device.type == "cuda" and cfg.batch_size_cuda > 0 else cfg.batch_size
+    if cfg.min_steps and block_rows:
+        bs = min(bs, max(1, math.ceil(block_rows / cfg.min_steps)))
+    return bs
 
 
 def sparse_rate(cfg: TrainerConfig, n_fields: int) -> float:
@@ -307,7 +315,7 @@ class TorchLearner:
         return callable(getattr(self.model, "task_logits", None))
 
     # -- training --------------------------------------------------------------------------------
-    def learn(self, examples: Examples, *, widen_range: bool = True) -> float:
+    def learn(self, examples: Examples, *, widen_range: bool = True, block_rows: int = 0) -> float:
         """One pass (``epochs_per_block``) over ``examples`` in seeded random order; mean loss (per
         row; a multi-task model's sums its two losses). A single-task model skips corrections.
 
@@ -346,7 +354,7 @@ class TorchLearner:
         if widen_range and isinstance(dense_range := getattr(self.model, "dense_range", None), DenseRange):
             dense_range.observe(dense)  # the inputs' range now includes this block's
         rng = np.random.default_rng([self.cfg.seed, self.blocks_learned])
-        bs = step_batch_size(self.cfg, self.device)
+        bs = step_batch_size(self.cfg, self.device, block_rows or n)
         total = torch.zeros((), device=self.device)
         self.model.train()
         for _ in range(self.cfg.epochs_per_block):

@@ -38,6 +38,9 @@ class TrainerConfig(Section):
     sequence_length: SequenceLength = 20
     train_every: Count = 100_000  # labelled examples per block
     batch_size: Count = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
+    # A block of fewer than min_steps * batch_size rows is learned in min_steps smaller batches (its
+    # holdout in the same batches): a 2k-row block of a real log had been 4 steps; 0 = always batch_size
+    min_steps: Natural = 32
     batch_size_cuda: Natural = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
     hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
     embedding_dim: Count = 16
