@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             "default_calibration_mean": float(np.mean([r["default_calibration"] for r in runs])),
         }
         pairs = " ".join(f"{r['default_auc']:.4f}/{r['ftrl_auc']:.4f}" for r in runs)
-        print(f"{w:18s} {margins.mean():+12.4f} {margins.min():+8.4f} {margins.max():+8.4f}  {pairs}", flush=True)
+        spread = f"{margins.mean():+12.4f} {margins.min():+8.4f} {margins.max():+8.4f}"
+        print(f"{w:18s} {spread}  {pairs}", flush=True)
     meta = {
         "commit": quality.git_commit(),
         "uncommitted_changes": quality.dirty_files(),

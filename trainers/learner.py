@@ -120,7 +120,7 @@ def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 
     smaller when a block of ``block_rows`` would otherwise be learned in fewer than ``cfg.min_steps``.
 
     >>> cpu = torch.device("cpu")
-    >>> step_batch_size(TrainerConfig(), cpu, 100_000), step_batch_size(TrainerConfig(min_steps=32), cpu, 1_800)
+    >>> step_batch_size(TrainerConfig(), cpu, 100_000), step_batch_size(TrainerConfig(), cpu, 1_800)
     (512, 57)
     """
     bs = cfg.batch_size_cuda if device.type == "cuda" and cfg.batch_size_cuda > 0 else cfg.batch_size
