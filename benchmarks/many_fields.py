@@ -12,7 +12,7 @@ defaults but ``--train-every`` and ``--seed``, once with the configuration as it
 margin of the online model over FTRL (blocks 2+, paired bootstrap CI) is taken from
 ``summary.json``. Never used to choose a default.
 
-    python benchmarks/many_fields.py                      # 2 streams x 2 trainer seeds, 20k rows, blocks of 4k
+    python benchmarks/many_fields.py     # 2 streams x 2 trainer seeds, 20k rows, blocks of 4k
     python benchmarks/many_fields.py --compare "CTR_TRAINER_MIN_STEPS=0 CTR_TRAINER_SPARSE_RATE_FIELDS=100"
 
 Prints a table and writes ``benchmarks/results/many-fields.json``.
@@ -59,8 +59,8 @@ def write_stream(path: Path, rows: int, seed: int) -> float:
 
 
 def backtest(stream: Path, out: Path, train_every: int, seed: int, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pipeline.ops.cli", "backtest", "--source", str(stream), "--format", "criteo"]
-    cmd += ["--train-every", str(train_every), "--seed", str(seed), "--out", str(out)]
+    cmd = [sys.executable, "-m", "pipeline.ops.cli", "backtest", "--source", str(stream)]
+    cmd += ["--format", "criteo", "--train-every", str(train_every), "--seed", str(seed), "--out", str(out)]
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
     s = json.loads((out / "summary.json").read_text())
     online, ftrl, margin = s["learners"]["online"], s["learners"]["ftrl"], s["margins"]["online_vs_ftrl"]
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, m in means.items():
         print(f"mean margin over FTRL, {n}: {m:+.4f}")
     meta = {
-        "command": " ".join(["python benchmarks/many_fields.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python benchmarks/many_fields.py", *(sys.argv[1:] if argv is None else argv)]),
         "rows": a.rows,
         "train_every": a.train_every,
         "wall_s": round(time.perf_counter() - t0, 1),
