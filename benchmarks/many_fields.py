@@ -13,7 +13,7 @@ margin of the online model over FTRL (blocks 2+, paired bootstrap CI) is taken f
 ``summary.json``. Never used to choose a default.
 
     python benchmarks/many_fields.py     # 2 streams x 2 trainer seeds, 20k rows, blocks of 4k
-    python benchmarks/many_fields.py --compare "CTR_TRAINER_MIN_STEPS=0 CTR_TRAINER_SPARSE_RATE_FIELDS=100"
+    python benchmarks/many_fields.py --compare "CTR_TRAINER_MIN_STEPS=0"
 
 Prints a table and writes ``benchmarks/results/many-fields.json``.
 """

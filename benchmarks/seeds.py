@@ -9,7 +9,7 @@ world the default model's and FTRL's AUC, NE and calibration over blocks 2+ for 
 margin's mean, its worst and best seed.
 
     python benchmarks/seeds.py                                   # the real logs, seeds 7-12
-    python benchmarks/seeds.py --worlds avazu --seeds 1,2,3 --set trainer.sparse_rate_fields=100
+    python benchmarks/seeds.py --worlds avazu --seeds 1,2,3 --set trainer.min_steps=0
 
 Prints a table and writes ``benchmarks/results/seeds.json`` (``--out``).
 """

@@ -418,18 +418,6 @@ def test_report_is_json_able():
 
 
 # -- DCN-V2 specifics (the contract suite above runs it like every model) ----------------------------
-def test_embedding_vectors_rate_shrinks_with_the_field_pairs_past_sparse_rate_fields(train_set):
-    """lr_sparse as set up to ``sparse_rate_fields``; past it, scaled by the ratio of field pairs."""
-    fields = len(learner("deepfm", train_set).encoder.fields)
-    assert 2 < fields <= 10
-    for model in ("deepfm", "dcnv2"):
-        as_set = learner(model, train_set)._sparse_opt
-        narrower = learner(model, train_set, sparse_rate_fields=2)._sparse_opt
-        assert as_set is not None and narrower is not None
-        assert as_set.param_groups[0]["lr"] == 5e-2
-        assert narrower.param_groups[0]["lr"] == pytest.approx(5e-2 * 2 / (fields * (fields - 1)))
-
-
 def test_a_small_block_is_learned_in_min_steps_and_its_holdout_in_the_same_batches(train_set):
     """min_steps: a block under min_steps * batch_size rows gets smaller batches; a large one not."""
     small = learner("deepfm", train_set, batch_size=512, min_steps=32)

@@ -129,25 +129,6 @@ def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 
     return bs
 
 
-def sparse_rate(cfg: TrainerConfig, n_fields: int) -> float:
-    """The embedding vectors' rate for a model over ``n_fields`` categorical fields.
-
-    ``cfg.lr_sparse`` up to ``cfg.sparse_rate_fields`` fields; past them it shrinks as the number
-    of field pairs grows, ``P(sparse_rate_fields) / P(n_fields)`` with ``P(F) = F (F - 1) / 2``.
-    A factorization machine sums every pair's product: one step of the vectors moves its output
-    about in proportion to the pairs, so the rate chosen on 6-10 fields made a 23-field log's
-    interactions swing (Avazu: the FM term +2.5 on the block learned and +0.1 on the next one,
-    calibration 0.23, AUC 0.067 below FTRL on one trainer seed; benchmarks/README.md).
-
-    >>> sparse_rate(TrainerConfig(), 6), sparse_rate(TrainerConfig(), 10)
-    (0.05, 0.05)
-    >>> round(sparse_rate(TrainerConfig(), 23), 4)  # Avazu's 23 fields: 45 / 253 of the rate
-    0.0089
-    """
-    pairs, chosen = n_fields * (n_fields - 1), cfg.sparse_rate_fields * (cfg.sparse_rate_fields - 1)
-    return cfg.lr_sparse if pairs <= chosen else cfg.lr_sparse * chosen / pairs
-
-
 def cpu_threads(cfg: TrainerConfig) -> int:
     """torch CPU threads for a learner: ``cfg.threads``, or half the cores (at least 1) when 0.
 
@@ -179,8 +160,7 @@ def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
     coordinates learns at FTRL's per-coordinate rate ``lr_wide / (wide_beta + sqrt(n))``, which is
     what online logistic regression wins with (the stream features' weights and the base rate adapt
     within a block, where Adam at lr_dense took hundreds of steps). The embedding vectors get
-    ``sparse_optimizer`` (row-wise) at :func:`sparse_rate`, every other weight (MLP, cross layers)
-    Adam at ``lr_dense``.
+    ``sparse_optimizer`` (row-wise), every other weight (MLP, cross layers) Adam at ``lr_dense``.
     """
     # first-order tables: the click model's, and a multi-task model's conversion tower's
     tables = [getattr(model, name, None) for name in ("wide", "cvr_wide")]
@@ -211,13 +191,7 @@ def _make_optimizers(model: nn.Module, cfg: TrainerConfig) -> Optimizers:
     return (
         wide_opt or _rowwise(cfg.wide_optimizer, wide, cfg.lr_wide, cfg.wide_beta, cfg.adagrad_decay),
         linear_opt,
-        _rowwise(
-            cfg.sparse_optimizer,
-            sparse,
-            sparse_rate(cfg, int(getattr(model, "spec", {}).get("n_fields", 0))),
-            cfg.sparse_beta,
-            cfg.adagrad_decay,
-        ),
+        _rowwise(cfg.sparse_optimizer, sparse, cfg.lr_sparse, cfg.sparse_beta, cfg.adagrad_decay),
         # fused: one kernel for all dense tensors and its step counters stay on the device
         # (the default loop reads each counter back with .item() every step).
         torch.optim.Adam(dense, lr=cfg.lr_dense, fused=True) if dense else None,

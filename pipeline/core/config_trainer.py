@@ -58,9 +58,6 @@ class TrainerConfig(Section):
     # Hashed tables, row-wise: adagrad = per-coordinate rate lr / (beta + sqrt(sum g^2)) (FTRL's) | adam
     sparse_optimizer: RowOptimizer = "adagrad"  # the embedding vectors
     lr_sparse: Positive = 0.05
-    # lr_sparse holds up to this many categorical fields; with more, the vectors' rate shrinks as the
-    # field pairs an FM sums grow (P(this) / P(fields), P(F) = F(F-1)/2: trainers.learner.sparse_rate)
-    sparse_rate_fields: Count = 10
     sparse_beta: Positive = 1.0  # AdaGrad: smooths a new row's rate (FTRL's beta); Adam: unused
     wide_optimizer: RowOptimizer = "adagrad"  # the linear part: first-order weights, dense weights, bias
     lr_wide: Positive = 0.05
