@@ -125,7 +125,7 @@ def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 
     """
     bs = cfg.batch_size_cuda if device.type == "cuda" and cfg.batch_size_cuda > 0 else cfg.batch_size
     if cfg.min_steps and block_rows:
-        bs = min(bs, max(1, math.ceil(block_rows / cfg.min_steps)))
+        bs = min(bs, math.ceil(block_rows / cfg.min_steps))
     return bs
 
 
@@ -297,7 +297,11 @@ class TorchLearner:
         the gate's holdout, learned after the block for recency, is the block's newest tenth, about
         ten steps; an input first seen varying there (the item counters of a stream's first block,
         which fill up as its last minutes come) would get a weight from those few steps, and
-        extrapolate on the next block as an untrained one does (measured: benchmarks/README.md)."""
+        extrapolate on the next block as an untrained one does (measured: benchmarks/README.md).
+
+        ``block_rows``: the rows of the block ``examples`` belong to, for the step size
+        (:func:`step_batch_size`); a holdout passes its block's training rows, so that it is learned
+        in the block's batches. 0: ``examples`` are the block."""
         if self.frozen:
             raise RuntimeError("TorchLearner.learn: this learner is frozen (a static reference copy)")
         multi = self.multi_task
