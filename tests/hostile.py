@@ -87,6 +87,8 @@ def _hostile_impression(rng: random.Random, now_ms: int, ts: int, n: int) -> tup
         return "bad_id", _j({**good, "impression_id": rng.choice(["", "has space", "x" * 200, "a/b", "é"])})
     if case == 14:
         return "bad_id", _j({**good, "user_id": "u" * 129})
+    if case == 15 and rng.random() < 0.5:  # no float holds it: validation once raised OverflowError
+        return "bad_value", _j({**good, "dense": {"p": rng.choice([10**400, -(10**309)])}})
     if case == 15:
         return (
             "bad_value",
