@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -44,7 +45,7 @@ def cfg(**kw: Any) -> TrainerConfig:
 
 
 def flipped(examples: list[LabelledExample]) -> list[LabelledExample]:
-    return [replace(ex, label=1 - ex.label) for ex in examples]
+    return [msgspec.structs.replace(ex, label=1 - ex.label) for ex in examples]
 
 
 def blow_up(learner: TorchLearner) -> None:

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import numpy as np
 import pytest
 
@@ -23,7 +22,7 @@ COUNTER = "item_impressions_1h"  # a global item counter: 0 all through a stream
 
 def with_counter(examples: list[LabelledExample], value: float) -> list[LabelledExample]:
     return [
-        dataclasses.replace(ex, stream_features={**ex.stream_features, COUNTER: value}) for ex in examples
+        msgspec.structs.replace(ex, stream_features={**ex.stream_features, COUNTER: value}) for ex in examples
     ]
 
 

@@ -6,7 +6,6 @@ once; failures reach the worker with their reason; a dead helper is replaced. A 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -46,7 +46,7 @@ def with_conversions(examples: list[LabelledExample], seed: int = 0) -> list[Lab
     out = []
     for ex in examples:
         if not ex.label:
-            out.append(dataclasses.replace(ex, conversion=0))
+            out.append(msgspec.structs.replace(ex, conversion=0))
             continue
         rate = 0.6 if int(ex.impression.item_id.removeprefix("item")) % 3 == 0 else 0.05
         end = ex.label_ts + 100_000

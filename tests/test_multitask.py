@@ -8,9 +8,9 @@ Conversion depends on the item: a third of the items convert 60% of their clicks
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -39,12 +39,12 @@ def conversion_stream(n: int, seed: int = 11) -> list[LabelledExample]:
     arrivals: list[tuple[int, int, LabelledExample]] = []
     for k, ex in enumerate(synthetic_examples(n, seed=seed)):
         if not ex.label:
-            arrivals.append((ex.label_ts, 2 * k, dataclasses.replace(ex, conversion=0)))
+            arrivals.append((ex.label_ts, 2 * k, msgspec.structs.replace(ex, conversion=0)))
             continue
         arrivals.append((ex.label_ts, 2 * k, ex))  # clicked: the conversion is not known yet
         end = ex.label_ts + CONVERSION_WINDOW_MS
         converted = int(rng.random() < converts(ex.impression.item_id))
-        correction = dataclasses.replace(ex, label_ts=end, conversion=converted, correction=True)
+        correction = msgspec.structs.replace(ex, label_ts=end, conversion=converted, correction=True)
         arrivals.append((end, 2 * k + 1, correction))
     return [ex for _, _, ex in sorted(arrivals, key=lambda a: (a[0], a[1]))]
 

@@ -3,8 +3,7 @@ from it when first learned (:class:`trainers.models.HashedEmbedding`)."""
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -22,8 +21,8 @@ def with_feature(examples: list[LabelledExample], name: str, value: str) -> list
     """The same examples with one more categorical feature set to ``value`` on every row."""
     out = []
     for ex in examples:
-        imp = dataclasses.replace(ex.impression, features={**ex.impression.features, name: value})
-        out.append(dataclasses.replace(ex, impression=imp))
+        imp = msgspec.structs.replace(ex.impression, features={**ex.impression.features, name: value})
+        out.append(msgspec.structs.replace(ex, impression=imp))
     return out
 
 

@@ -9,10 +9,10 @@ the model inputs and the probabilities, and check that a context the model never
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -69,7 +69,7 @@ def _replica(learner: TorchLearner, features: Any) -> Replica:
 
 def _without_dense(ex: LabelledExample) -> LabelledExample:
     """A request carries no per-impression dense values: train on examples that have none either."""
-    return dataclasses.replace(ex, impression=dataclasses.replace(ex.impression, dense={}))
+    return msgspec.structs.replace(ex, impression=msgspec.structs.replace(ex.impression, dense={}))
 
 
 @pytest.mark.parametrize("model", ["deepfm", "din"])  # din: the behaviour sequence read with the features
@@ -94,7 +94,7 @@ def test_the_request_path_gives_the_trainer_inputs_and_probabilities(model: str)
 def test_a_context_training_never_had_changes_nothing():
     """Trained without context, the model scores a user the same with and without one."""
     examples = [
-        dataclasses.replace(ex, impression=dataclasses.replace(ex.impression, features={}, dense={}))
+        msgspec.structs.replace(ex, impression=msgspec.structs.replace(ex.impression, features={}, dense={}))
         for ex in synthetic_examples(600, seed=2)
     ]
     learner = _trained(examples)
@@ -125,5 +125,7 @@ def test_dense_inputs_sent_with_the_request_give_the_trainer_probabilities():
     imp = ex.impression
     replica = _replica(learner, RecordedFeatures(ex.stream_features))
     bare = replica.score(imp.user_id, imp.features, [imp.item_id])
-    missing = learner.predict([dataclasses.replace(ex, impression=dataclasses.replace(imp, dense={}))])
+    missing = learner.predict(
+        [msgspec.structs.replace(ex, impression=msgspec.structs.replace(imp, dense={}))]
+    )
     assert bare.probabilities == [float(p) for p in missing] != [float(p) for p in learner.predict([ex])]

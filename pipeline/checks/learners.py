@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pipeline.checks._common import fail, impl_name
@@ -34,7 +34,7 @@ def odd_examples(examples: Sequence[LabelledExample]) -> list[LabelledExample]:
     dense inputs or stream features missing; an empty id."""
     base = examples[0]
     imp = base.impression
-    new = dataclasses.replace(
+    new = msgspec.structs.replace(
         imp,
         impression_id="odd-new",
         user_id="u_never_seen",
@@ -42,13 +42,17 @@ def odd_examples(examples: Sequence[LabelledExample]) -> list[LabelledExample]:
         features={**imp.features, "brand_new_field": "x", **dict.fromkeys(imp.features, "never-seen-value")},
         dense={**imp.dense, "brand_new_dense": 3.0},
     )
-    bare = dataclasses.replace(imp, impression_id="odd-bare", user_id="", item_id="", features={}, dense={})
+    bare = msgspec.structs.replace(
+        imp, impression_id="odd-bare", user_id="", item_id="", features={}, dense={}
+    )
     return [
-        dataclasses.replace(
+        msgspec.structs.replace(
             base, impression=new, stream_features={**base.stream_features, "new_stream": 1.0}
         ),
-        dataclasses.replace(base, impression=bare, stream_features={}),
-        dataclasses.replace(base, impression=dataclasses.replace(bare, impression_id="odd-none"), label=0),
+        msgspec.structs.replace(base, impression=bare, stream_features={}),
+        msgspec.structs.replace(
+            base, impression=msgspec.structs.replace(bare, impression_id="odd-none"), label=0
+        ),
     ]
 
 

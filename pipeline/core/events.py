@@ -12,14 +12,19 @@ Five records (../shared/DESIGN.md, "Events"):
   clicked cannot convert, so its one example carries ``conversion`` 0;
 - :class:`DeadLetter`, what a rejected event becomes: a safe prefix of the raw bytes (identifiers
   pseudonymized), where it came from and a reason (one of :data:`REASONS`).
+
+They are frozen msgspec Structs, not dataclasses: built in C, ~0.25 µs against a frozen dataclass's
+~2.7 µs, and the joiner builds an impression and an example for every event it reads.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from msgspec import field
 
 from pipeline.core import fast_json
 from pipeline.core.types import EventKind
@@ -57,8 +62,7 @@ REASONS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Impression:
+class Impression(msgspec.Struct, frozen=True):
     impression_id: str
     ts: int  # event time, epoch ms
     user_id: str  # pseudonymized
@@ -99,8 +103,7 @@ class Impression:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class Click:
+class Click(msgspec.Struct, frozen=True):
     click_id: str
     impression_id: str
     ts: int
@@ -115,8 +118,7 @@ class Click:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Conversion:
+class Conversion(msgspec.Struct, frozen=True):
     """A conversion (purchase, sign-up) after a click, attributed to the clicked impression."""
 
     conversion_id: str
@@ -137,8 +139,7 @@ class Conversion:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class LabelledExample:
+class LabelledExample(msgspec.Struct, frozen=True):
     """An impression with its labels and the feature values as of its impression time.
 
     ``conversion``: None when conversions are not joined, or (a clicked impression's first emission)
@@ -190,8 +191,7 @@ class LabelledExample:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
+class DeadLetter(msgspec.Struct, frozen=True):
     """A rejected event: why, where from, and a safe prefix of what it was."""
 
     reason: str

@@ -20,12 +20,13 @@ Pairs are ``canonical=raw``; the canonical side is one of
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from pipeline.core.config import JsonlConfig
 from pipeline.core.events import Click, Conversion, Impression
@@ -37,7 +38,7 @@ TAG = "type"  # the canonical name of the type tag of a JSONL line
 KINDS: tuple[EventKind, ...] = ("impression", "click", "conversion")
 # The schema's field names, from the event classes themselves (one definition of the schema).
 FIELDS = tuple(
-    dict.fromkeys(f.name for cls in (Impression, Click, Conversion) for f in dataclasses.fields(cls))
+    dict.fromkeys(f.name for cls in (Impression, Click, Conversion) for f in msgspec.structs.fields(cls))
 )
 
 

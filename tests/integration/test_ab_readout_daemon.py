@@ -4,7 +4,6 @@ reads back what a readout of the same examples computes."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from kafka import KafkaProducer
@@ -37,8 +37,8 @@ def served(n: int, seed: int, start: int) -> list[LabelledExample]:
         version = "1" if arm_of(ex.impression.user_id, 0.3) == "challenger" else "2"
         logit = -2.0 + (2.0 * ex.label if version == "2" else 0.0) + rng.normal(0, 1)
         score = round(float(1 / (1 + np.exp(-logit))), 6)
-        imp = dataclasses.replace(ex.impression, model_version=version, score=score)
-        out.append(dataclasses.replace(ex, impression=imp))
+        imp = msgspec.structs.replace(ex.impression, model_version=version, score=score)
+        out.append(msgspec.structs.replace(ex, impression=imp))
     return out
 
 
