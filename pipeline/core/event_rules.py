@@ -27,6 +27,7 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _MIN_TS = 946_684_800_000  # 2000-01-01: anything earlier is certainly a unit or parsing mistake
 _MAX_TS = 253_402_300_799_999  # 9999-12-31, whatever the clock (a replay may judge against none)
+MODEL_VERSION_MAX_CHARS = 64  # an impression's optional model_version (both validation paths)
 
 
 _IMPRESSION_FIELDS = {"impression_id", "ts", "user_id", "item_id", "features", "dense"}
@@ -162,8 +163,11 @@ class FieldChecks:
     def _impression(self, obj: Mapping[str, Any], now: int, partition: int) -> Impression:
         self._check_fields(obj, _IMPRESSION_FIELDS, ("impression_id", "ts", "user_id", "item_id"))
         version = obj.get("model_version")
-        if version is not None and (not isinstance(version, str) or len(version) > 64):
-            raise _Reject("bad_type", "'model_version' must be a string of at most 64 chars or null")
+        if version is not None and (not isinstance(version, str) or len(version) > MODEL_VERSION_MAX_CHARS):
+            raise _Reject(
+                "bad_type",
+                f"'model_version' must be a string of at most {MODEL_VERSION_MAX_CHARS} chars or null",
+            )
         score = obj.get("score")
         if score is not None and (
             isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0

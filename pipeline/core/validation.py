@@ -42,7 +42,7 @@ import msgspec
 
 from pipeline.core.config import ValidationConfig
 from pipeline.core.event_payload import Refused as _Reject
-from pipeline.core.event_rules import ID_PATTERN, FieldChecks
+from pipeline.core.event_rules import ID_PATTERN, MODEL_VERSION_MAX_CHARS, FieldChecks
 from pipeline.core.events import Click, Conversion, DeadLetter, Impression
 from pipeline.core.pseudonyms import Pseudonymizer, identifier_pattern
 from pipeline.core.types import Clock, ManualClock, RawEvent
@@ -61,7 +61,7 @@ class _ImpressionShape(msgspec.Struct, forbid_unknown_fields=True):
     item_id: str
     features: dict[str, str] = {}
     dense: dict[str, float] = {}  # an integer comes back as a float, 1e400 is refused
-    model_version: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    model_version: Annotated[str, msgspec.Meta(max_length=MODEL_VERSION_MAX_CHARS)] | None = None
     score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
 
 
