@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from trainers.encoding import MISSING, Encoder, stable_hash
 from trainers.gate import gate, paired_allowance
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.learner import TorchLearner
-from trainers.metrics import auc, block_metrics, calibration, logloss, normalized_entropy
+from trainers.metrics import auc, block_metrics, calibration, example_loglosses, logloss, normalized_entropy
 from trainers.models import MODELS
 from trainers.testing import InMemoryModelStore, synthetic_examples
 
@@ -191,6 +192,28 @@ def test_gate_refuses_only_what_chance_does_not_explain():
         allowance=paired_allowance(y, broken, champ, 0.95),
     ).accepted
     assert paired_allowance(y, np.full(200, np.nan), champ, 0.95) == 0.0
+
+
+def test_gate_allows_for_the_labels_chance_on_a_holdout_without_clicks():
+    # Open Bandit's random/women log: the click rate rose from ~0.17% to ~0.35%; the candidate that
+    # learned it met a 200-row holdout without a click, where any lower prediction wins, and the
+    # rows' paired differences, all alike, said "no doubt": the block was refused and the champion
+    # served the next two blocks at a third of the observed rate.
+    y = np.zeros(200)
+    cand, champ = np.full(200, 0.0035), np.full(200, 0.0017)
+    c, h = block_metrics(y, cand), block_metrics(y, champ)
+    d = example_loglosses(y, cand) - example_loglosses(y, champ)
+    sample_only = NormalDist().inv_cdf(0.95) * np.std(d, ddof=1) / np.sqrt(len(d))
+    assert not gate(c, h, 0.01, allowance=sample_only).accepted  # the rule before
+    assert gate(c, h, 0.01, allowance=paired_allowance(y, cand, champ, 0.95)).accepted
+    # ... yet with rows enough, the same rare clicks refuse a candidate three times too high
+    rng = np.random.default_rng(5)
+    y = (rng.random(50_000) < 0.003).astype(float)
+    cand, champ = np.full(50_000, 0.009), np.full(50_000, 0.003)
+    refused = gate(
+        block_metrics(y, cand), block_metrics(y, champ), 0.01, allowance=paired_allowance(y, cand, champ, 0.95)
+    )
+    assert not refused.accepted and refused.kind == "worse_than_champion"
 
 
 # -- contract suite over every model ---------------------------------------------------------------

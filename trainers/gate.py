@@ -45,9 +45,16 @@ from statistics import NormalDist
 
 import numpy as np
 
-from trainers.metrics import UNDEFINED_ON_ONE_CLASS, example_loglosses
+from trainers.metrics import EPS, UNDEFINED_ON_ONE_CLASS, example_loglosses
 
-__all__ = ["GateDecision", "gate", "labels_look_corrupt", "paired_allowance", "within_tolerance"]
+__all__ = [
+    "GateDecision",
+    "gate",
+    "label_noise_variance",
+    "labels_look_corrupt",
+    "paired_allowance",
+    "within_tolerance",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,21 +103,57 @@ def paired_allowance(
     y: np.ndarray, p_candidate: np.ndarray, p_champion: np.ndarray, confidence: float
 ) -> float:
     """How much more logloss than the champion's a candidate may show on the holdout by chance:
-    ``z * sd(d) / sqrt(n)`` over the per-example differences ``d`` (candidate minus champion, on the
-    same rows), ``z`` the standard normal's ``confidence`` quantile. 0 at ``confidence`` 0.5 (the
-    point estimates alone), with fewer than 2 rows, or where a score is not finite (the gate then
-    refuses on the metric itself).
+    ``z * sd / sqrt(n)``, ``z`` the standard normal's ``confidence`` quantile, ``sd`` the larger of
+    two estimates of one row's paired difference ``d`` (candidate minus champion logloss):
 
-    >>> y = np.array([0, 1] * 50)
-    >>> round(paired_allowance(y, np.full(100, 0.5), np.where(y == 1, 0.6, 0.45), 0.95), 4)
-    0.0072
-    >>> paired_allowance(y, np.full(100, 0.5), np.full(100, 0.5), 0.95)  # the same scores: no doubt
+    - the sample standard deviation of ``d`` over the holdout's rows;
+    - what the labels' own chance gives under the two models (:func:`label_noise_variance`): a
+      row's ``d`` is one of two values, by its label, and a label is a coin of probability the
+      models' mean. On a holdout with few clicks the sample misses this: with no click at all
+      every ``d`` is nearly the same, so the sample says "no doubt" while the holdout simply
+      favours whichever model predicts less, and a candidate that learned a rising click rate was
+      refused on 200 rows without a click (Open Bandit, benchmarks/README.md).
+
+    0 at ``confidence`` 0.5 (the point estimates alone), with fewer than 2 rows, or where a score is
+    not finite (the gate then refuses on the metric itself).
+
+    >>> rng = np.random.default_rng(0)
+    >>> p = rng.uniform(0.05, 0.3, 400)  # the champion, right; the candidate 20% too high
+    >>> y = (rng.random(400) < p).astype(float)
+    >>> round(paired_allowance(y, p * 1.2, p, 0.95), 4)
+    0.0077
+    >>> paired_allowance(y, p, p, 0.95)  # the same scores: no doubt
     0.0
+    >>> y0 = np.zeros(200)  # no click: the sample sees no spread, the labels' chance still is one
+    >>> round(paired_allowance(y0, np.full(200, 0.0035), np.full(200, 0.0017), 0.95), 4)
+    0.0043
     """
     d = example_loglosses(y, p_candidate) - example_loglosses(y, p_champion)
     if confidence <= 0.5 or d.size < 2 or not np.isfinite(d).all():
         return 0.0
-    return float(NormalDist().inv_cdf(confidence) * np.std(d, ddof=1) / math.sqrt(d.size))
+    var = max(float(np.var(d, ddof=1)), label_noise_variance(p_candidate, p_champion))
+    return float(NormalDist().inv_cdf(confidence) * math.sqrt(var) / math.sqrt(d.size))
+
+
+def label_noise_variance(p_candidate: np.ndarray, p_champion: np.ndarray) -> float:
+    """The variance of one row's paired logloss difference when its label is drawn with the two
+    models' mean probability ``q``: the spread of the rows' expected differences, plus the mean of
+    ``q (1 - q) (logit champion - logit candidate)^2`` (how far a row's difference moves with its
+    label). Clipped as the loglosses are.
+
+    >>> label_noise_variance(np.full(4, 0.3), np.full(4, 0.3))
+    0.0
+    >>> round(label_noise_variance(np.full(4, 0.02), np.full(4, 0.01)), 4)  # 0.015 * 0.985 * 0.70^2
+    0.0073
+    """
+    c = np.clip(np.asarray(p_candidate, dtype=np.float64), EPS, 1.0 - EPS)
+    h = np.clip(np.asarray(p_champion, dtype=np.float64), EPS, 1.0 - EPS)
+    if c.size < 2:
+        return 0.0
+    d1, d0 = np.log(h) - np.log(c), np.log1p(-h) - np.log1p(-c)  # the difference if clicked, if not
+    q = (c + h) / 2.0
+    expected = q * d1 + (1.0 - q) * d0
+    return float(np.var(expected, ddof=1) + np.mean(q * (1.0 - q) * (d1 - d0) ** 2))
 
 
 def gate(
