@@ -33,13 +33,13 @@ partition's input: replays and restarts give byte-identical examples.
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 from pipeline.core.config import JoinerConfig
 from pipeline.core.events import Conversion, LabelledExample
 from pipeline.join.joiner_checkpoints import _Pending
 from pipeline.join.stats import JoinStats, Rejection
+from pipeline.join.time_queue import TimeQueue
 
 __all__ = ["ConversionJoin"]
 
@@ -54,7 +54,7 @@ class ConversionJoin:
     _horizon: int
     _conv_window: int
     _pending: dict[str, _Pending]
-    _converting_heap: list[tuple[int, str]]
+    _converting_queue: TimeQueue
     _done: dict[str, int]
     _out: list[LabelledExample]
     _rejected: list[Rejection]
@@ -112,9 +112,9 @@ class ConversionJoin:
 
     def _close_conversion_windows(self, wm: int) -> None:
         """Emit the correction of every clicked impression whose conversion window ended before ``wm``."""
-        heap = self._converting_heap
-        while heap and heap[0][0] < wm:
-            end, iid = heapq.heappop(heap)
+        queue = self._converting_queue
+        while queue.due(wm):
+            end, iid = queue.pop()
             pending = self._pending[iid]
             conv: list[Any] | None = pending.conversion
             converted = int(conv is not None)

@@ -39,7 +39,6 @@ attributed clicks update the click counters.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,6 +48,7 @@ from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.conversions import ConversionJoin
 from pipeline.join.joiner_checkpoints import JoinerCheckpoints, _Pending
 from pipeline.join.stats import JoinStats, Rejection
+from pipeline.join.time_queue import TimeQueue
 
 __all__ = ["FeatureTracker", "Joiner"]
 
@@ -79,12 +79,13 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         self._horizon = int(self.cfg.dedup_horizon_s * 1000)
         self._conv_window = int(self.cfg.conversion_window_s * 1000)
         self._pending: dict[str, _Pending] = {}
-        self._pending_heap: list[tuple[int, str]] = []  # (window end, impression id)
-        self._converting_heap: list[tuple[int, str]] = []  # (conversion window end, impression id)
+        # (time, impression id) entries popped once the watermark passes them (TimeQueue: in order)
+        self._pending_queue = TimeQueue()  # window ends
+        self._converting_queue = TimeQueue()  # conversion window ends
         self._early: dict[str, Click] = {}
-        self._early_heap: list[tuple[int, str]] = []  # (hold end, impression id)
+        self._early_queue = TimeQueue()  # hold ends
         self._done: dict[str, int] = {}  # finalised impression id -> forget-after ts
-        self._done_heap: list[tuple[int, str]] = []
+        self._done_queue = TimeQueue()  # when a finalised id is forgotten
         self._out: list[LabelledExample] = []
         self._rejected: list[Rejection] = []
         # users whose entries changed since the last checkpoint, and every user's impression ids
@@ -114,9 +115,12 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         if ts > self.max_ts:
             self.max_ts = ts
             wm = ts - self._lag  # advance(), when something is due (most events find nothing)
-            p, e, d = self._pending_heap, self._early_heap, self._done_heap
-            c = self._converting_heap
-            if (p and p[0][0] < wm) or (e and e[0][0] < wm) or (d and d[0][0] < wm) or (c and c[0][0] < wm):
+            if (
+                self._pending_queue.due(wm)
+                or self._early_queue.due(wm)
+                or self._done_queue.due(wm)
+                or self._converting_queue.due(wm)
+            ):
                 self.advance(wm)
         if isinstance(event, Impression):
             self._impression(event)
@@ -142,7 +146,7 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
             self.features.record_impression(imp.user_id, imp.item_id, imp.ts)
         pending = _Pending(imp, feats)
         self._pending[iid] = pending
-        heapq.heappush(self._pending_heap, (imp.ts + self._window, iid))
+        self._pending_queue.push(imp.ts + self._window, iid)
         if self.changed is not None:
             self._own(imp.user_id, iid)
         early = self._early.pop(iid, None)
@@ -169,7 +173,7 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         else:
             self.stats.early_clicks += 1
             self._early[iid] = click
-            heapq.heappush(self._early_heap, (click.ts + self._hold, iid))
+            self._early_queue.push(click.ts + self._hold, iid)
             if self.changed is not None:
                 self._own(click.user_id, iid)
 
@@ -201,18 +205,18 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
     def advance(self, watermark: int | None = None) -> None:
         """Finalise everything whose window ended before the watermark (default: the current one)."""
         wm = self.watermark if watermark is None else watermark
-        heap = self._pending_heap
-        while heap and heap[0][0] < wm:
-            end, iid = heapq.heappop(heap)
+        queue = self._pending_queue
+        while queue.due(wm):
+            end, iid = queue.pop()
             pending = self._pending[iid]
             if pending.click_ts is None:
                 self._emit(pending, 0, end)
             else:
                 self._emit(pending, 1, pending.click_ts)
         self._close_conversion_windows(wm)
-        heap = self._early_heap
-        while heap and heap[0][0] < wm:
-            end, iid = heapq.heappop(heap)
+        queue = self._early_queue
+        while queue.due(wm):
+            end, iid = queue.pop()
             click = self._early.get(iid)
             # the click this entry was pushed for: one whose impression came is gone, and a later
             # early click for the same id has its own entry (a restore rebuilds only that one)
@@ -229,9 +233,9 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
                         "dedup_horizon_s) that it was forgotten",
                     )
                 )
-        heap = self._done_heap
-        while heap and heap[0][0] < wm:
-            _, iid = heapq.heappop(heap)
+        queue = self._done_queue
+        while queue.due(wm):
+            _, iid = queue.pop()
             self._done.pop(iid, None)
 
     def flush(self) -> None:
@@ -248,7 +252,7 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         elif label:  # its conversion label is not final yet: held for its correction, which gets
             # the features as they are now (downstream stages add to an example's dict in place)
             self._out.append(LabelledExample(imp, 1, label_ts, dict(pending.features), None))
-            heapq.heappush(self._converting_heap, (self.conversion_end(imp.ts, label_ts), iid))
+            self._converting_queue.push(self.conversion_end(imp.ts, label_ts), iid)
             return
         else:  # never clicked: cannot convert
             self._out.append(LabelledExample(imp, 0, label_ts, pending.features, 0))
@@ -257,7 +261,7 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
     def _forget_later(self, iid: str, forget_at: int, label: int) -> None:
         del self._pending[iid]
         self._done[iid] = -forget_at if label else forget_at  # sign remembers the label
-        heapq.heappush(self._done_heap, (forget_at, iid))
+        self._done_queue.push(forget_at, iid)
 
     # -- output ----------------------------------------------------------------------------------
     def drain(self) -> list[LabelledExample]:

@@ -6,7 +6,6 @@ A base of :class:`pipeline.join.joiner.Joiner`, kept apart so that the join rule
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from pipeline.core import fast_json
 from pipeline.core.events import Click, Impression
 from pipeline.join.stats import JoinStats, Rejection
+from pipeline.join.time_queue import TimeQueue
 
 __all__ = ["JoinerCheckpoints"]
 
@@ -37,18 +37,18 @@ class JoinerCheckpoints:
     _owned: dict[str, dict[str, None]]
     _loaded_owners: dict[str, str]
     _pending: dict[str, _Pending]
-    _pending_heap: list[tuple[int, str]]
+    _pending_queue: TimeQueue
     _early: dict[str, Click]
-    _early_heap: list[tuple[int, str]]
+    _early_queue: TimeQueue
     _done: dict[str, int]
-    _done_heap: list[tuple[int, str]]
+    _done_queue: TimeQueue
     _out: list[Any]
     _rejected: list[Rejection]
     _window: int
     _hold: int
     _lag: int
     _conv_window: int
-    _converting_heap: list[tuple[int, str]]
+    _converting_queue: TimeQueue
 
     conversion_end: Callable[[int, int], int]  # ConversionJoin's
 
@@ -124,8 +124,8 @@ class JoinerCheckpoints:
         self.max_ts = state["max_ts"]
         self.stats = JoinStats(**state["stats"])
         self._pending.clear()
-        self._pending_heap.clear()
-        self._converting_heap.clear()
+        pending_ends: list[tuple[int, str]] = []
+        converting_ends: list[tuple[int, str]] = []
         wm = self.max_ts - self._lag
         for imp_d, feats, click_ts, *conversion in state["pending"]:
             imp = Impression.from_dict(imp_d)
@@ -133,18 +133,16 @@ class JoinerCheckpoints:
             self._pending[iid] = _Pending(imp, feats, click_ts, conversion[0] if conversion else None)
             end = imp.ts + self._window
             if self._conv_window and click_ts is not None and end < wm:  # held for its correction
-                self._converting_heap.append((self.conversion_end(imp.ts, click_ts), iid))
+                converting_ends.append((self.conversion_end(imp.ts, click_ts), iid))
             else:
-                self._pending_heap.append((end, iid))
-        heapq.heapify(self._pending_heap)
-        heapq.heapify(self._converting_heap)
+                pending_ends.append((end, iid))
+        self._pending_queue = TimeQueue(pending_ends)
+        self._converting_queue = TimeQueue(converting_ends)
         self._early = {c["impression_id"]: Click(**c) for c in state["early"]}
-        self._early_heap = [(c.ts + self._hold, iid) for iid, c in self._early.items()]
-        heapq.heapify(self._early_heap)
+        self._early_queue = TimeQueue((c.ts + self._hold, iid) for iid, c in self._early.items())
         self._done = dict(state["done"])
         self._loaded_owners = dict(state.get("owners", {}))  # for track_changes
-        self._done_heap = [(abs(v), iid) for iid, v in self._done.items()]
-        heapq.heapify(self._done_heap)
+        self._done_queue = TimeQueue((abs(v), iid) for iid, v in self._done.items())
 
 
 def _pending_fields(pending: _Pending) -> list[Any]:

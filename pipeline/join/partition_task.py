@@ -108,21 +108,32 @@ class PartitionTask:
             s = self.streams[kind]
             return now - s.last_arrival >= self.idle_s and (at_end is None or at_end(kind))
 
+        process = self.joiner.process
         while True:
             take: _Stream | None = None
-            for kind, s in streams:
+            rank = 0
+            for i, (kind, s) in enumerate(streams):
                 if s.buffer:
                     if take is None or _ts(s.buffer[0][1]) < _ts(take.buffer[0][1]):
-                        take = s  # ties: the first kind in stream order
+                        take, rank = s, i  # ties: the first kind in stream order
                 elif not idle(kind):
                     take = None
                     break  # wait for it: taking now would depend on fetch timing
             if take is None:
                 break
-            offset, event = take.buffer.popleft()
-            take.next_offset = offset + 1
-            if event is not _SKIP:
-                self.joiner.process(event)
+            # take a run: every head the choice above would pick again, i.e. each event earlier
+            # than the other streams' heads (or as early, from a stream before theirs in order);
+            # the other buffers do not change meanwhile, and the idle ones stay idle at ``now``
+            limit = _NO_LIMIT
+            for i, (_, s) in enumerate(streams):
+                if s is not take and s.buffer:
+                    limit = min(limit, _ts(s.buffer[0][1]) + (rank < i))
+            buffer = take.buffer
+            while buffer and buffer[0][1].ts < limit:
+                offset, event = buffer.popleft()
+                take.next_offset = offset + 1
+                if event is not _SKIP:
+                    process(event)
         self.joiner.advance()
 
     def drain(self) -> list[LabelledExample]:
@@ -166,6 +177,7 @@ class _Skip:
 
 
 _SKIP: Any = _Skip()
+_NO_LIMIT = 2**63  # after any event time (validation bounds them to the year 9999)
 
 
 def _ts(event: Any) -> int:
