@@ -211,7 +211,10 @@ def test_gate_allows_for_the_labels_chance_on_a_holdout_without_clicks():
     y = (rng.random(50_000) < 0.003).astype(float)
     cand, champ = np.full(50_000, 0.009), np.full(50_000, 0.003)
     refused = gate(
-        block_metrics(y, cand), block_metrics(y, champ), 0.01, allowance=paired_allowance(y, cand, champ, 0.95)
+        block_metrics(y, cand),
+        block_metrics(y, champ),
+        0.01,
+        allowance=paired_allowance(y, cand, champ, 0.95),
     )
     assert not refused.accepted and refused.kind == "worse_than_champion"
 
