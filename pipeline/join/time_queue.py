@@ -57,10 +57,6 @@ class TimeQueue:
             return heapq.heappop(heap)
         return run.popleft()
 
-    def clear(self) -> None:
-        self._run.clear()
-        self._heap.clear()
-
     def __len__(self) -> int:
         return len(self._run) + len(self._heap)
 
