@@ -186,6 +186,8 @@ def joiner_over_kafka(cfg: Config, total: int, profile: bool) -> dict[str, Any]:
     elapsed = marks["last"] - marks["first"]
     out: dict[str, Any] = {**counters, "seconds": elapsed, "events_per_s": counters["events"] / elapsed}
     out["checkpoint_seconds_total"] = daemon.checkpoint_seconds
+    # flush (producers acknowledged), features (Feast push), state (changelog transaction + offsets)
+    out["checkpoint_phase_seconds"] = dict(daemon.observed.phase_seconds)
     if profiler:
         buf = io.StringIO()
         stats = pstats.Stats(profiler, stream=buf)
@@ -292,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'bound: consume + produce':<28}{'':>10}{'':>10}{bound:>12,.0f}{bound / raw['events_per_s']:>8.2f}"
         "  (no joining at all)"
+    )
+    phases = ", ".join(f"{p} {s:.2f} s" for p, s in joiner["checkpoint_phase_seconds"].items())
+    print(
+        f"joiner checkpoints: {joiner['checkpoints']}, {joiner['checkpoint_seconds_total']:.2f} s "
+        f"of its {joiner['seconds']:.2f} s ({phases})"
     )
     load = result["machine"]["load_avg_1m"]
     print(f"(published at {result['publish_events_per_s']:,.0f} events/s; load average {load:.2f})")

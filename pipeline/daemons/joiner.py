@@ -267,14 +267,17 @@ class JoinerDaemon:
             self.observed.lag = self.source.lag()  # its own field: _at_end's cache stays as it was
         except Exception:
             log.debug("joiner: lag unavailable for metrics", exc_info=True)
-        self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
-        self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
+        with self.observed.phase("flush"):
+            self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
+            self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
         users: list[FeatureRow] = []
         for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
             users += task.features.drain_dirty()[0]  # a user lives in one partition; items: ctr trainer's
-        self.features.push(users, [])
+        with self.observed.phase("features"):
+            self.features.push(users, [])
         try:
-            committed = self.states.checkpoint(self.tasks)
+            with self.observed.phase("state"):  # the changed state records and the offsets
+                committed = self.states.checkpoint(self.tasks)
         except REBALANCING as exc:  # the transaction aborted: nothing of it is visible
             log.warning("joiner: the checkpoint was refused during a rebalance (%r); tasks reopen", exc)
             committed = None

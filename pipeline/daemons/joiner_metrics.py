@@ -7,14 +7,18 @@ metrics thread) only reads them and the counters, never the consumer.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pipeline.core.metrics import Registry, export_consumer_state
 from pipeline.join.stats import click_outcomes, conversion_outcomes
 
-__all__ = ["CHECKPOINT_BUCKETS_S", "JoinerMetrics"]
+__all__ = ["CHECKPOINT_BUCKETS_S", "CHECKPOINT_PHASES", "JoinerMetrics"]
 
 CHECKPOINT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30)
+# a checkpoint's steps, in order: producers acknowledged, Feast push, the state transaction
+CHECKPOINT_PHASES = ("flush", "features", "state")
 
 
 class JoinerMetrics:
@@ -32,6 +36,16 @@ class JoinerMetrics:
         self.lag: dict[str, int] = {}  # per partition, refreshed at each checkpoint
         self.rates = {"events": 0.0, "examples": 0.0, "join_rate": 0.0}  # refreshed at each checkpoint
         self.rate_base = (time.monotonic(), 0, 0)  # (when, events, examples) at the last checkpoint
+        self.phase_seconds: dict[str, float] = dict.fromkeys(CHECKPOINT_PHASES, 0.0)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the time of one checkpoint step (failed ones too) in ``phase_seconds[name]``."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.monotonic() - started
 
     def update_rates(self) -> None:
         """Events/s in and examples/s out since the last checkpoint; the share of clicks attributed."""
@@ -53,6 +67,12 @@ class JoinerMetrics:
         m.counter("ctr_joiner_checkpoints_total", "checkpoints (durable output + commit)").set(
             c["checkpoints"]
         )
+        for phase, seconds in list(self.phase_seconds.items()):
+            m.counter(
+                "ctr_joiner_checkpoint_phase_seconds_total",
+                "time spent in each step of the checkpoints: flush, features, state",
+                phase=phase,
+            ).set(seconds)
         r = self.rates
         m.gauge("ctr_joiner_events_per_second", "impressions + clicks read per second").set(r["events"])
         m.gauge("ctr_joiner_examples_per_second", "labelled examples written per second").set(r["examples"])

@@ -40,6 +40,9 @@ def test_ingest_benchmark_counts_every_event_on_every_path(services, tmp_path):
     assert r["ratio_to_fastest_raw_consumer"] == pytest.approx(r["events_per_s"] / max(runs))
     per_event_s = 1 / r["raw_consumer_events_per_s"] + examples / events / r["raw_producer_records_per_s"]
     assert r["kafka_python_bound_events_per_s"] == pytest.approx(1 / per_event_s)
+    phases = r["joiner"]["checkpoint_phase_seconds"]  # each step of the checkpoints, within their total
+    assert set(phases) == {"flush", "features", "state"} and min(phases.values()) >= 0
+    assert 0 < sum(phases.values()) <= r["joiner"]["checkpoint_seconds_total"]
 
 
 def test_scaleout_benchmark_splits_the_stream_among_joiner_processes(services, tmp_path):

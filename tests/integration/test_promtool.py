@@ -64,6 +64,7 @@ def test_the_joiners_metrics_pass_promtool() -> None:
     metrics.lag = {"imps:0": 4, "clicks:1": 0}
     text = served(metrics.registry)
     assert "ctr_joiner_checkpoint_seconds_count 0.0" in text  # declared at start, before any checkpoint
+    assert 'ctr_joiner_checkpoint_phase_seconds_total{phase="state"} 0.0' in text
     promtool_check(text)
 
 

@@ -300,6 +300,9 @@ def test_joiner_unit_readiness_watchdog_and_clean_stop(deployment: Deployment, n
         lag = series(m, "ctr_consumer_lag")
         assert len(lag) == 2 * PARTITIONS and all(v >= 0 for v in lag.values())
         assert series(m, "ctr_joiner_checkpoint_seconds_count")
+        phases = series(m, "ctr_joiner_checkpoint_phase_seconds_total")  # where checkpoint time goes
+        assert {k.split('"')[1] for k in phases} == {"flush", "features", "state"}
+        assert min(phases.values()) >= 0 and sum(phases.values()) > 0  # a checkpoint ended (join rate)
         clicks = series(m, "ctr_joiner_clicks_total")  # every outcome exists, the counts add up
         assert {k.split('"')[1] for k in clicks} == {"attributed", "late", "early", "orphan", "duplicate"}
         stop_like_systemd(proc, notify, unit)
