@@ -40,12 +40,12 @@ class JoinerMetrics:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Count the time of one checkpoint step (failed ones too) in ``phase_seconds[name]``."""
+        """Count the time of one checkpoint step (one of CHECKPOINT_PHASES; failed ones too)."""
         started = time.monotonic()
         try:
             yield
         finally:
-            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.monotonic() - started
+            self.phase_seconds[name] += time.monotonic() - started
 
     def update_rates(self) -> None:
         """Events/s in and examples/s out since the last checkpoint; the share of clicks attributed."""
