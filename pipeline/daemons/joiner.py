@@ -144,7 +144,8 @@ class JoinerDaemon:
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self, max_idle_s: float | None = None) -> dict[str, int]:
-        """Run until SIGTERM/SIGINT, or (tests, backfills) until caught up and ``max_idle_s`` idle."""
+        """Run until SIGTERM/SIGINT, or (tests, backfills) until caught up, ``max_idle_s`` idle and no
+        event held in a task's merge (it waits ``daemon.idle_merge_s`` for the other streams)."""
 
         def stop(*_: Any) -> None:
             systemd.stopping("joiner: stopping: flush, checkpoint, commit")
@@ -186,7 +187,8 @@ class JoinerDaemon:
                     self._outage(exc)
                     last_ckpt = last_input = time.monotonic()
                     continue
-                if max_idle_s is not None and now - last_input >= max_idle_s and caught_up(self.source):
+                idle = max_idle_s is not None and now - last_input >= max_idle_s
+                if idle and not any(t.buffered for t in self.tasks.values()) and caught_up(self.source):
                     break
         finally:
             try:
@@ -214,10 +216,7 @@ class JoinerDaemon:
         self.outages[what] += 1
         log.warning(
             "joiner: %s: %s; replaying from the last checkpoint in %.0f s (failure %d in a row)",
-            what,
-            str(exc)[:200],
-            delay,
-            self._failures,
+            *(what, str(exc)[:200], delay, self._failures),
         )
         self.examples.discard()
         self.dead.discard()
