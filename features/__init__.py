@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__: list[str] = []
+__all__: list[str] = ["feast_typechecked"]
 
 
 def _unchecked(target: Any = None, **_: Any) -> Any:
@@ -48,3 +48,10 @@ def _without_typeguard() -> None:
 
 
 _without_typeguard()
+
+
+def feast_typechecked() -> bool:
+    """Did Feast come instrumented by typeguard in this process (imported before this package)?"""
+    import feast
+
+    return any("check_argument_types" in n for n in feast.Field.__init__.__code__.co_names)
