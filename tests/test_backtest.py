@@ -131,15 +131,6 @@ def test_a_stream_shorter_than_two_blocks_says_which_block_size_would_judge_it(
     ]
 
 
-def test_a_last_block_served_mostly_by_the_base_rate_is_pointed_out() -> None:
-    from pipeline.replay.backtest import _blend_hints
-
-    assert _blend_hints([]) == [] and _blend_hints([{"served_model_weight": 0.9}]) == []
-    (hint,) = _blend_hints([{"served_model_weight": 1.0}, {"served_model_weight": 0.03}])
-    assert hint.startswith("the last block was served 97.0% by the running click rate")
-    assert "served_model_weight" in hint and "trainer.base_rate_blend_clamp" in hint
-
-
 @pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
 def test_obd_backtest_over_both_policies_and_campaigns(tmp_path: Path) -> None:
     cfg = Config()
