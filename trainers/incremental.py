@@ -561,13 +561,9 @@ class IncrementalTrainer:
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:
                 start = time.perf_counter()
-                metrics = _metrics_for_store(report)
-                if candidate.blend is not None:  # what replicas will serve it with
-                    metrics |= {
-                        "blend.model_weight": candidate.blend.weight,
-                        "blend.base_rate": candidate.blend.base_rate,
-                    }
-                version = self.store.publish(candidate, self._lineage(report, len(train)), metrics)
+                version = self.store.publish(
+                    candidate, self._lineage(report, len(train)), _metrics_for_store(report)
+                )
                 report.alias_moved = self._move_alias(version, gated_against=champion.version)
                 report.publish_seconds = time.perf_counter() - start
                 report.version = candidate.version = version
