@@ -9,9 +9,7 @@ the replica on its current version; the failure is counted and retried after a b
 The replica learns about a new version by polling the store (``poll_interval_s``) or by
 :meth:`notify` (the trainer's push), whichever comes first. At each poll it also reads its version's
 online offset (``offsets``, :mod:`serving_bridge.online_offset`), which it adds to every click logit
-of that version; a version without one serves its model's scores. Last, each click probability is
-mixed with the base rate as the version's ``blend`` says (:mod:`trainers.base_rate_blend`; saved
-with the version, so every replica, backtest and ``mlflow models serve`` serves the same mixture).
+of that version; a version without one serves its model's scores.
 
 A multi-task version (a learner whose ``multi_task`` is true: ESMM, :mod:`trainers.multitask`) is
 scored by one ``predict_request_tasks`` call per request, which gives the click probabilities and,
@@ -56,7 +54,6 @@ class LoadedModel:
     learner: Any
     loaded_at: float
     multi_task: bool = False  # the learner predicts conversions too (read once, at the swap)
-    blend: Any = None  # its trainers.base_rate_blend.BaseRateBlend, if it has one (read at the swap)
 
 
 @dataclass(frozen=True)
@@ -167,8 +164,7 @@ class Replica:
                 )
                 return False
             multi_task = bool(getattr(learner, "multi_task", False))
-            blend = getattr(learner, "blend", None)
-            self._current = LoadedModel(target, learner, time.time(), multi_task, blend)  # the swap
+            self._current = LoadedModel(target, learner, time.time(), multi_task)  # the swap: one reference
             self.swaps.append((target, time.time()))
             log.info("replica %s: now serving version %s", self.name, target)
             if self.on_swap is not None:
@@ -265,13 +261,10 @@ class Replica:
             batch = learner.encoder.encode_request(user, item_ids, context, dense, stream)
             scores = learner.predict_tasks(batch) if multi else learner.predict(batch)
             shift = offset + residual.logits(batch.first_columns(len(learner.encoder.fields)))
-        blend = current.blend  # the version's mixture with the base rate, after the offset
         if multi:  # column 0 is predict_request's pCTR
             clicks = shift_probabilities(scores[:, 0], shift) if _moves(shift) else scores[:, 0]
-            clicks = clicks if blend is None else blend.apply(clicks)
             return ScoreResult(current.version, self.name, clicks.tolist(), scores[:, 1].tolist())
         probs = shift_probabilities(scores, shift) if _moves(shift) else scores
-        probs = probs if blend is None else blend.apply(probs)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])
 
 

@@ -107,11 +107,7 @@ def test_live_offset_is_what_the_block_serves_once_those_labels_are_final():
     s = received - 1 + DELAY_MS // 100
     z_s = champion.predict_logits(block[s : s + 1])[0] + champion.calibration[1]
     p_s = scores[0].scores["online"][s]
-    # served: the model with the offset, mixed with the base rate as the version says
-    assert champion.blend is not None
-    expected = champion.blend.apply(np.array([1.0 / (1.0 + np.exp(-(z_s + live)))]))[0]
-    assert p_s == pytest.approx(expected, rel=1e-5)
-    assert champion.blend.weight < 1.0  # the mixture is in play, not a no-op
+    assert np.log(p_s / (1 - p_s)) - z_s == pytest.approx(live, abs=1e-5)
 
 
 def test_live_offset_survives_a_refused_block_and_restarts_with_a_new_version():

@@ -6,10 +6,8 @@ For each block (examples ordered by impression time, stable):
    (the honest online metric), as serving scored it: with the **online offset** its intercept
    followed during the block (``trainer.online_offset``, :mod:`trainers.online_offset`: fitted on
    the block's labels final before each impression; :meth:`IncrementalTrainer.live_offset` is
-   what the trainer publishes while the block fills) and its residual, then mixed with the
-   running base rate (``trainer.base_rate_blend_clamp``, :mod:`trainers.base_rate_blend`); so does
-   ``static`` (the model's own scores), a frozen copy of the model after the first block's
-   fine-tune, to show what freshness buys;
+   what the trainer publishes while the block fills); so does ``static``, a frozen copy of the
+   model after the first block's fine-tune, to show what freshness buys;
 2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
 3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
 4. if accepted, the candidate **learns the holdout** too (``trainer.learn_holdout``: otherwise the
@@ -74,7 +72,6 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
-from trainers.base_rate_blend import BaseRateBlend
 from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.ftrl import FtrlLearner
@@ -154,7 +151,6 @@ class BlockReport:
     alias_moved: bool = False  # whether this block moved the alias to ``version``
     corrections: int = 0  # rows of ``examples`` that are corrections (a multi-task champion's)
     corrections_skipped: int = 0  # corrections dropped since the last block (a single-task champion's)
-    served_weight: float = 1.0  # the model's share of the served probability (trainers.base_rate_blend)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
@@ -163,7 +159,6 @@ class BlockReport:
 
 def _metrics_for_store(report: BlockReport) -> dict[str, float]:
     out: dict[str, float] = {"train_loss": report.train_loss, "train_examples_per_s": report.examples_per_s}
-    out["served.model_weight"] = report.served_weight  # what the parent served this block with
     groups: dict[str, Mapping[str, float] | None] = {
         "online": report.online,
         "static": report.static,
@@ -441,10 +436,8 @@ class IncrementalTrainer:
         logits_online = champion.predict_task_logits(batch) if multi else None  # (n, 2): one pass
         raw_online = champion.predict_logits(batch) if logits_online is None else logits_online[:, 0]
         p_online = apply_platt(raw_online, champion.calibration)  # the model's: what the gate compares
-        # + the online offset and residual: the model's expert, mixed with the base rate to serve
-        served_model = self._served(raw_online, champion.calibration, y, ts[order], clicks, batch)
-        blend = champion.blend if self.has_champion else None
-        served = served_model if blend is None else blend.apply(served_model)
+        # + the online offset and residual
+        served = self._served(raw_online, champion.calibration, y, ts[order], clicks, batch)
         online = block_metrics(y_click, _rows(served, clicks))
         tasks_online = None  # [pCTR, pCVR] of a multi-task champion
         if logits_online is not None:
@@ -461,7 +454,7 @@ class IncrementalTrainer:
         n = len(batch)
         n_hold = min(n - 1, max(1, round(n * self.cfg.holdout_fraction)))
         train, hold = batch[: n - n_hold], batch[n - n_hold :]
-        assert hold.labels is not None and train.labels is not None
+        assert hold.labels is not None
         train_clicks, hold_clicks = train.click_rows(), hold.click_rows()
         y_hold = _rows(hold.labels, hold_clicks)
         candidate = champion.clone()
@@ -526,7 +519,6 @@ class IncrementalTrainer:
             adopted_version=adopted,
             corrections=len(y) - len(y_click),
             corrections_skipped=self._skipped,
-            served_weight=1.0 if blend is None else blend.weight,
         )
         self._skipped = 0
         if self.on_scores is not None:
@@ -538,14 +530,6 @@ class IncrementalTrainer:
                 BlockScores(self.blocks, y_click, scores, report.event_time_min, report.event_time_max)
             )
         if decision.accepted:
-            candidate.blend = self._next_blend(
-                champion,
-                _rows(served_model, clicks),
-                y_click,
-                _rows(train.labels, train_clicks),
-                p_hold,
-                y_hold,
-            )
             if self.cfg.shift_on_holdout:
                 # the holdout was scored before the candidate learned it, as the next block will be
                 slope, intercept = candidate.calibration
@@ -649,28 +633,6 @@ class IncrementalTrainer:
         gain = max(self.cfg.intercept_gain, 1.0 / (k + 1))
         candidate.calibration = (a, b + gain * fit_shift(a * raw + b, y))
         candidate.intercept_corrections = k
-
-    def _next_blend(
-        self,
-        champion: TorchLearner,
-        served: np.ndarray,
-        y: np.ndarray,
-        y_train: np.ndarray,
-        p_hold: np.ndarray,
-        y_hold: np.ndarray,
-    ) -> BaseRateBlend | None:
-        """The mixture an accepted candidate serves with (:mod:`trainers.base_rate_blend`): the
-        champion's after the block it served (``served``: the model's probabilities with offset and
-        residual, before the mixture); the first version's from its own holdout; a champion that had
-        none (published before, or handed in) is trusted, the rate starting at this block's."""
-        clamp = self.cfg.base_rate_blend_clamp
-        if clamp <= 0:
-            return None
-        if not self.has_champion:
-            return BaseRateBlend.first(y_train, p_hold, y_hold, clamp=clamp)
-        if champion.blend is None:
-            return BaseRateBlend(clamp, float(y.sum()), float(y.size))
-        return champion.blend.learn(served, y, clamp=clamp)
 
     def _follow_alias(self) -> str | None:
         """Adopt the alias's version if someone else moved it off ours; the adopted version or None."""
