@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quality import WORLDS, open_world_source
+from quality import REAL_BLOCK, WORLDS, open_world_source
+from quality_report import BLOCK_MIN_POSITIVES, CALIBRATION
 
 from pipeline.core.config_loader import load_config
 from pipeline.replay.backtest import run_backtest
@@ -52,7 +53,6 @@ ROOT = Path(__file__).resolve().parent.parent
 POSITION_FIELDS = ("position", "banner_pos")  # the first one the log's features carry
 # the grid of prior strengths (pseudo-rows); the largest is all but the log's own rate, held fixed
 PRIOR_ROWS = (10, 100, 1_000, 3_000, 10_000, 30_000, 100_000, 1_000_000)
-CALIBRATION = (0.9, 1.1)
 
 
 def calibration_chance(clicks: float, lo: float = CALIBRATION[0], hi: float = CALIBRATION[1]) -> float:
@@ -101,7 +101,7 @@ def judged_rows(name: str, datasets: Path) -> tuple[np.ndarray, list[str], int, 
     where blocks 2+ start; the position field used (None if the log has none)."""
     spec = WORLDS[name]
     cfg = load_config(None)
-    block = spec.block or 2_000
+    block = spec.block or REAL_BLOCK
     cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = "lr", block, spec.seed
     cfg.backtest.bootstrap_resamples = 0
     with tempfile.TemporaryDirectory(prefix=f"thin-{name}-") as tmp:
@@ -130,23 +130,26 @@ def judged_rows(name: str, datasets: Path) -> tuple[np.ndarray, list[str], int, 
     return np.array(labels), keys, block, min(block, len(labels)), field
 
 
-def ne(p: np.ndarray, y: np.ndarray) -> float:
-    return normalized_entropy(y, p)
-
-
 def analyse(name: str, datasets: Path) -> dict[str, Any]:
     y, keys, block, start, field = judged_rows(name, datasets)
     judged, jkeys = y[start:], keys[start:]
     clicks = float(judged.sum())
     per_block = [float(judged[i : i + block].sum()) for i in range(0, len(judged), block)]
-    rate_of = {k: float(judged[[j for j, x in enumerate(jkeys) if x == k]].mean()) for k in set(jkeys)}
-    hindsight_position = ne(np.array([rate_of[k] for k in jkeys]), judged)
+    key_of = np.array(jkeys)
+    rate_of = {k: float(judged[key_of == k].mean()) for k in set(jkeys)}
+    hindsight_position = normalized_entropy(judged, np.array([rate_of[k] for k in jkeys]))
     log_rate = float(y.mean())
 
     def best(with_keys: bool) -> dict[str, Any]:
         grid = [(b, k) for b in PRIOR_ROWS for k in (PRIOR_ROWS if with_keys else (0,))]
         scored = [
-            (ne(prequential(y, keys if with_keys else None, log_rate, b, k)[start:], judged), b, k)
+            (
+                normalized_entropy(
+                    judged, prequential(y, keys if with_keys else None, log_rate, b, k)[start:]
+                ),
+                b,
+                k,
+            )
             for b, k in grid
         ]
         value, b, k = min(scored)
@@ -158,7 +161,7 @@ def analyse(name: str, datasets: Path) -> dict[str, Any]:
         "block": block,
         "judged_rows": len(judged),
         "clicks_blocks2": clicks,
-        "blocks_with_100_clicks": sum(c >= 100 for c in per_block),
+        "blocks_with_100_clicks": sum(c >= BLOCK_MIN_POSITIVES for c in per_block),
         "position_field": field,
         "position_rates": {k: round(v, 5) for k, v in sorted(rate_of.items())},
         "hindsight_position_ne": hindsight_position,
