@@ -5,7 +5,9 @@ examples joined since its block began (:mod:`trainers.online_offset`); replicas 
 logit of that version. It travels in one Redis hash per model, ``<features.project>:<registry.
 model_name>:online_offset``, version -> offset (text): the trainer writes its champion's field at
 most every ``every_s`` seconds (:class:`OffsetPublisher`), replacing any other version's, and each
-replica reads its version's field once per alias poll (:class:`~serving_bridge.replica.Replica`). A
+replica reads its version's field once per alias poll (:class:`~serving_bridge.replica.Replica`).
+Beside it travel the online residual (``<key>:residual``, :mod:`trainers.online_residual`) and the
+mixture with the base rate (``<key>:blend``, :mod:`trainers.base_rate_blend`), one field each. A
 version without a field serves its model's scores: a challenger, and a version rolled back to until
 the trainer has adopted it and fitted its own (one fitted hours ago, when that version last served,
 would be stale). A replica that cannot reach Redis keeps the offset it read last (a WARNING once
@@ -24,6 +26,7 @@ per outage). The embedded stack (``ctr demo``) passes it through a :class:`Memor
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -31,6 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
+from trainers.base_rate_blend import BaseRateBlend
+from trainers.online_offset import LiveServing
 from trainers.online_residual import SparseResidual
 
 __all__ = [
@@ -46,16 +51,24 @@ log = logging.getLogger(__name__)
 
 
 class OffsetBoard(Protocol):
-    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
-        """Make ``offset`` (and ``residual``) the board's only ones: ``version``'s."""
+    def put(
+        self,
+        version: str,
+        offset: float,
+        residual: SparseResidual | None = None,
+        blend: BaseRateBlend | None = None,
+    ) -> None:
+        """Make ``offset`` (and ``residual``, ``blend``) the board's only ones: ``version``'s."""
 
     def get(self, version: str) -> float | None: ...
 
     def get_residual(self, version: str) -> SparseResidual | None: ...
 
+    def get_blend(self, version: str) -> BaseRateBlend | None: ...
+
 
 class _LiveOffset(Protocol):  # trainers.incremental.IncrementalTrainer
-    def live_residual(self) -> tuple[str, float, SparseResidual | None] | None: ...
+    def live_residual(self) -> LiveServing | None: ...
 
 
 def offset_key(project: str, model_name: str) -> str:
@@ -75,40 +88,68 @@ class MemoryOffsets:
     """An in-process board (the embedded stack)."""
 
     def __init__(self) -> None:
-        self._offsets: dict[str, tuple[float, SparseResidual | None]] = {}
+        self._live: dict[str, LiveServing] = {}
 
-    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
-        self._offsets = {version: (offset, residual)}
+    def put(
+        self,
+        version: str,
+        offset: float,
+        residual: SparseResidual | None = None,
+        blend: BaseRateBlend | None = None,
+    ) -> None:
+        self._live = {version: LiveServing(version, offset, residual, blend)}
 
     def get(self, version: str) -> float | None:
-        found = self._offsets.get(version)
-        return None if found is None else found[0]
+        found = self._live.get(version)
+        return None if found is None else found.offset
 
     def get_residual(self, version: str) -> SparseResidual | None:
-        found = self._offsets.get(version)
-        return None if found is None else found[1]
+        found = self._live.get(version)
+        return None if found is None else found.residual
+
+    def get_blend(self, version: str) -> BaseRateBlend | None:
+        found = self._live.get(version)
+        return None if found is None else found.blend
 
 
 class RedisOffsets:
     """The Redis hash of :func:`offset_key` (text), and beside it ``<key>:residual`` (each
-    version's :class:`~trainers.online_residual.SparseResidual` as ``.npz`` bytes)."""
+    version's :class:`~trainers.online_residual.SparseResidual` as ``.npz`` bytes) and
+    ``<key>:blend`` (its :class:`~trainers.base_rate_blend.BaseRateBlend` as a JSON list)."""
 
     def __init__(self, redis_url: str, key: str, timeout_s: float = 1.0) -> None:
         import redis
 
         self.key = key
         self.residual_key = f"{key}:residual"
+        self.blend_key = f"{key}:blend"
         self._redis = redis.Redis.from_url(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._residual: tuple[bytes, SparseResidual] | None = None  # the last one parsed
 
-    def put(self, version: str, offset: float, residual: SparseResidual | None = None) -> None:
-        with self._redis.pipeline(transaction=True) as both:  # MULTI/EXEC: no reader sees it empty
-            both.delete(self.key, self.residual_key).hset(self.key, version, repr(float(offset)))
+    def put(
+        self,
+        version: str,
+        offset: float,
+        residual: SparseResidual | None = None,
+        blend: BaseRateBlend | None = None,
+    ) -> None:
+        with self._redis.pipeline(transaction=True) as all_:  # MULTI/EXEC: no reader sees it empty
+            all_.delete(self.key, self.residual_key, self.blend_key)
+            all_.hset(self.key, version, repr(float(offset)))
             if residual is not None:
-                both.hset(self.residual_key, version, residual.to_bytes())
-            both.execute()
+                all_.hset(self.residual_key, version, residual.to_bytes())
+            if blend is not None:
+                all_.hset(self.blend_key, version, json.dumps(blend.to_list()))
+            all_.execute()
+
+    def get_blend(self, version: str) -> BaseRateBlend | None:
+        value = self._redis.hget(self.blend_key, version)
+        if value is None:
+            return None
+        blend = BaseRateBlend.from_spec(json.loads(value))
+        return blend if blend is not None and all(map(math.isfinite, blend.to_list())) else None
 
     def get_residual(self, version: str) -> SparseResidual | None:
         value = self._redis.hget(self.residual_key, version)

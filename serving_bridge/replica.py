@@ -9,7 +9,9 @@ the replica on its current version; the failure is counted and retried after a b
 The replica learns about a new version by polling the store (``poll_interval_s``) or by
 :meth:`notify` (the trainer's push), whichever comes first. At each poll it also reads its version's
 online offset (``offsets``, :mod:`serving_bridge.online_offset`), which it adds to every click logit
-of that version; a version without one serves its model's scores.
+of that version; a version without one serves its model's scores. Last, each click probability is
+mixed with the base rate (:mod:`trainers.base_rate_blend`): at the weight the trainer publishes with
+the offset, or else the one the version was saved with (its block's start).
 
 A multi-task version (a learner whose ``multi_task`` is true: ESMM, :mod:`trainers.multitask`) is
 scored by one ``predict_request_tasks`` call per request, which gives the click probabilities and,
@@ -31,6 +33,7 @@ import numpy as np
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.feature_fallback import read_async
 from serving_bridge.online_offset import OffsetBoard, shift_probabilities
+from trainers.base_rate_blend import BaseRateBlend
 from trainers.online_residual import SparseResidual
 
 __all__ = ["LoadedModel", "Replica", "ScoreResult"]
@@ -54,6 +57,7 @@ class LoadedModel:
     learner: Any
     loaded_at: float
     multi_task: bool = False  # the learner predicts conversions too (read once, at the swap)
+    blend: BaseRateBlend | None = None  # its saved mixture with the base rate (read at the swap)
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,13 @@ class Replica:
         self._thread: threading.Thread | None = None
         self._failed: dict[str, float] = {}
         self._lock = threading.Lock()  # one swap at a time (poll thread vs. an explicit check)
-        # (version, online offset, online residual), one reference
-        self._offset: tuple[str | None, float, SparseResidual | None] = (None, 0.0, None)
+        # (version, online offset, online residual, live mixture with the base rate), one reference
+        self._offset: tuple[str | None, float, SparseResidual | None, BaseRateBlend | None] = (
+            None,
+            0.0,
+            None,
+            None,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Replica:
@@ -164,7 +173,8 @@ class Replica:
                 )
                 return False
             multi_task = bool(getattr(learner, "multi_task", False))
-            self._current = LoadedModel(target, learner, time.time(), multi_task)  # the swap: one reference
+            blend = getattr(learner, "blend", None)
+            self._current = LoadedModel(target, learner, time.time(), multi_task, blend)  # the swap
             self.swaps.append((target, time.time()))
             log.info("replica %s: now serving version %s", self.name, target)
             if self.on_swap is not None:
@@ -179,6 +189,7 @@ class Replica:
         try:
             offset = self.offsets.get(version)
             residual = self.offsets.get_residual(version)
+            blend = self.offsets.get_blend(version)
         except Exception:  # Redis away (or a residual unreadable): keep serving with the last ones
             self.offset_errors += 1
             if self.offset_errors == 1 or self.offset_errors % 600 == 0:
@@ -186,7 +197,7 @@ class Replica:
                     "replica %s: online offset unreadable; keeping the last one", self.name, exc_info=True
                 )
             return self._offset[1] if self._offset[0] == version else 0.0
-        self._offset = (version, 0.0 if offset is None else offset, residual)
+        self._offset = (version, 0.0 if offset is None else offset, residual, blend)
         return self._offset[1]
 
     @staticmethod
@@ -247,9 +258,9 @@ class Replica:
         if dense is not None and len(dense) != len(item_ids):
             raise ValueError(f"score: {len(dense)} dense rows for {len(item_ids)} items")
         stream = [{}] * len(item_ids) if feats is None else feats
-        version, offset, residual = self._offset
+        version, offset, residual, live_blend = self._offset
         if version != current.version:
-            offset, residual = 0.0, None
+            offset, residual, live_blend = 0.0, None, None
         learner, multi = current.learner, current.multi_task
         shift: float | np.ndarray = offset
         if residual is None:  # the model's own request path; multi-task: both tasks in one forward
@@ -261,10 +272,13 @@ class Replica:
             batch = learner.encoder.encode_request(user, item_ids, context, dense, stream)
             scores = learner.predict_tasks(batch) if multi else learner.predict(batch)
             shift = offset + residual.logits(batch.first_columns(len(learner.encoder.fields)))
+        blend = live_blend or current.blend  # the mixture with the base rate, after the offset
         if multi:  # column 0 is predict_request's pCTR
             clicks = shift_probabilities(scores[:, 0], shift) if _moves(shift) else scores[:, 0]
+            clicks = clicks if blend is None else blend.apply(clicks)
             return ScoreResult(current.version, self.name, clicks.tolist(), scores[:, 1].tolist())
         probs = shift_probabilities(scores, shift) if _moves(shift) else scores
+        probs = probs if blend is None else blend.apply(probs)
         return ScoreResult(current.version, self.name, [float(p) for p in probs])
 
 

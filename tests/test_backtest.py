@@ -131,6 +131,15 @@ def test_a_stream_shorter_than_two_blocks_says_which_block_size_would_judge_it(
     ]
 
 
+def test_a_last_block_served_mostly_by_the_base_rate_is_pointed_out() -> None:
+    from pipeline.replay.backtest import _blend_hints
+
+    assert _blend_hints([]) == [] and _blend_hints([{"served_model_weight": 0.9}]) == []
+    (hint,) = _blend_hints([{"served_model_weight": 1.0}, {"served_model_weight": 0.03}])
+    assert hint.startswith("the last block was served 97.0% by the running click rate")
+    assert "served_model_weight" in hint and "trainer.base_rate_blend_clamp" in hint
+
+
 @pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
 def test_obd_backtest_over_both_policies_and_campaigns(tmp_path: Path) -> None:
     cfg = Config()
@@ -168,7 +177,9 @@ def test_cli_backtest_of_a_criteo_file_writes_the_report_and_an_mlflow_run(
     assert "examples/s" in printed and "margin online_vs_ftrl" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["blocks"] == 4 and summary["model"] == "dcnv2" and summary["format"] == "criteo"
-    assert summary["hints"] == [] and "note:" not in printed  # 4 blocks: enough to judge
+    # 4 blocks: enough to judge; labels drawn at random: the running click rate serves, and says so
+    (hint,) = summary["hints"]
+    assert hint.startswith("the last block was served") and "by the running click rate" in hint
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ctr-online-backtest")
     assert exp is not None

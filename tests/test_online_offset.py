@@ -82,8 +82,9 @@ def test_live_offset_is_what_the_block_serves_once_those_labels_are_final():
     """The trainer's live offset after receiving the block's examples up to time T (what it
     publishes) is the offset the closed block's metrics serve an impression at T + delay with."""
     data = shifted_stream(4_000)
-    trainer = IncrementalTrainer(
-        small_trainer_config(online_offset_every=1, online_residual=False),
+    trainer = IncrementalTrainer(  # the offset alone (the residual: test_online_residual; the
+        # mixture with the base rate: test_base_rate_blend)
+        small_trainer_config(online_offset_every=1, online_residual=False, base_rate_blend_clamp=0.0),
         InMemoryModelStore(),
         label_delay_ms=DELAY_MS,
         serves_offset=True,

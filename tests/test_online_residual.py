@@ -80,8 +80,8 @@ def test_live_residual_is_what_the_block_serves_once_those_labels_are_final():
     closed block learns them in is the one that block's metrics serve the next stretch with."""
     data = turned_stream(4_000)
     every = 100
-    trainer = IncrementalTrainer(
-        small_trainer_config(online_offset_every=every),
+    trainer = IncrementalTrainer(  # without the mixture with the base rate (test_base_rate_blend)
+        small_trainer_config(online_offset_every=every, base_rate_blend_clamp=0.0),
         InMemoryModelStore(),
         label_delay_ms=DELAY_MS,
         serves_offset=True,
@@ -98,7 +98,7 @@ def test_live_residual_is_what_the_block_serves_once_those_labels_are_final():
         received = upto
         live = trainer.live_residual()
     assert live is not None
-    version, offset, residual = live
+    version, offset, residual, _ = live
     assert version == "1" and residual is not None and len(residual.coords) > 0
     scores: list[BlockScores] = []
     trainer.on_scores = scores.append

@@ -29,13 +29,15 @@ LINEAGE = {
 }
 GROUPS = ("online", "static", "holdout", "holdout_champion")
 METRICS = {f"{g}.{m}": 0.5 for g in GROUPS for m in ("count", "auc", "logloss", "ne", "ctr")} | {
-    "train_loss": 0.4
+    "train_loss": 0.4,
+    "blend.model_weight": 0.99,
+    "blend.base_rate": 0.03,
 }
 
 
 def test_tags_keep_what_code_reads_with_iso_8601_times() -> None:
     tags = version_tags(LINEAGE, METRICS)
-    assert len(tags) == 15 and set(tags) >= {
+    assert len(tags) == 16 and set(tags) >= {
         "lineage_key",
         "block",
         "parent_version",

@@ -6,8 +6,10 @@ For each block (examples ordered by impression time, stable):
    (the honest online metric), as serving scored it: with the **online offset** its intercept
    followed during the block (``trainer.online_offset``, :mod:`trainers.online_offset`: fitted on
    the block's labels final before each impression; :meth:`IncrementalTrainer.live_offset` is
-   what the trainer publishes while the block fills); so does ``static``, a frozen copy of the
-   model after the first block's fine-tune, to show what freshness buys;
+   what the trainer publishes while the block fills) and its residual, then mixed with the
+   running base rate (``trainer.base_rate_blend_clamp``, :mod:`trainers.base_rate_blend`); so does
+   ``static`` (the model's own scores), a frozen copy of the model after the first block's
+   fine-tune, to show what freshness buys;
 2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
 3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
 4. if accepted, the candidate **learns the holdout** too (``trainer.learn_holdout``: otherwise the
@@ -72,6 +74,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
+from trainers.base_rate_blend import BaseRateBlend
 from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.ftrl import FtrlLearner
@@ -86,7 +89,7 @@ from trainers.multitask import (
     conversion_metrics,
     task_probabilities,
 )
-from trainers.online_offset import block_offsets, live_offset
+from trainers.online_offset import LiveServing, block_offsets, live_offset
 from trainers.online_residual import SparseResidual, block_residual, ids_only, residual_learner
 
 __all__ = ["AliasStore", "BaselineLearner", "BlockReport", "BlockScores", "IncrementalTrainer"]
@@ -151,14 +154,24 @@ class BlockReport:
     alias_moved: bool = False  # whether this block moved the alias to ``version``
     corrections: int = 0  # rows of ``examples`` that are corrections (a multi-task champion's)
     corrections_skipped: int = 0  # corrections dropped since the last block (a single-task champion's)
+    served_weight: float = 1.0  # the model's share of the served probability (trainers.base_rate_blend)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
         return dataclasses.asdict(self)
 
 
+def _per_row(values: np.ndarray, clicks: np.ndarray | None) -> np.ndarray:
+    """``values`` of the click rows spread over every row: a correction gets the value of the click
+    example it came after (as the online offset, :meth:`IncrementalTrainer._served`)."""
+    if clicks is None or not len(values):
+        return values if clicks is None else np.ones(len(clicks))
+    return values[np.maximum(np.cumsum(clicks) - 1, 0)]
+
+
 def _metrics_for_store(report: BlockReport) -> dict[str, float]:
     out: dict[str, float] = {"train_loss": report.train_loss, "train_examples_per_s": report.examples_per_s}
+    out["served.model_weight"] = report.served_weight  # what the parent served this block with
     groups: dict[str, Mapping[str, float] | None] = {
         "online": report.online,
         "static": report.static,
@@ -215,9 +228,12 @@ class IncrementalTrainer:
         # ids, no sequence: what the residual reads), scored by _live_for
         self._live_for: TorchLearner | None = None
         self._live: list[tuple[np.ndarray, np.ndarray, EncodedBatch]] = []
-        # the live residual (trainers.online_residual) and how many of _live's rows it learned
+        # the live residual (trainers.online_residual) and mixture (trainers.base_rate_blend), and
+        # how many of _live's rows they learned
         self._residual: FtrlLearner | None = None
-        self._residual_rows = 0
+        self._blend: BaseRateBlend | None = None
+        self._live_rows = 0
+        self._served_offset = 0.0  # the offset published last (0 at a block's start)
         torch.set_num_threads(cpu_threads(cfg))  # the process trains: size torch's pool to share the CPU
         self.store = store
         self.alias = alias
@@ -335,7 +351,7 @@ class IncrementalTrainer:
         assert champion is not None
         if self._live_for is not champion:
             self._live_for, self._live = champion, []
-            self._residual, self._residual_rows = None, 0
+            self._residual, self._blend, self._live_rows, self._served_offset = None, None, 0, 0.0
         at, done = 0, sum(len(z) for z, _, _ in self._live)
         a, b = champion.calibration
         for piece in self._encoded:
@@ -367,31 +383,44 @@ class IncrementalTrainer:
         clicks = y >= 0
         return champion.version, live_offset(z[clicks], y[clicks], recent=self.cfg.online_offset_recent)
 
-    def live_residual(self) -> tuple[str, float, SparseResidual | None] | None:
-        """``(version, offset, residual)`` to serve now: :meth:`live_offset` and, with
+    def live_residual(self) -> LiveServing | None:
+        """What to serve now (:class:`LiveServing`): :meth:`live_offset`; with
         ``trainer.online_residual``, the residual (:mod:`trainers.online_residual`) after learning
-        the examples received since the last call, at margin their served logit plus that offset."""
+        the examples received since the last call, at margin their served logit plus that offset;
+        and the champion's mixture with the base rate (:mod:`trainers.base_rate_blend`) after
+        those examples, each scored as served: with the offset published before, by the residual
+        before it learned them."""
         live = self.live_offset()
         if live is None:
             return None
         version, offset = live
-        if not self.cfg.online_residual:
-            return version, offset, None
         champion = self.champion
         assert champion is not None  # live_offset answered for it
-        if self._residual is None:  # the champion's encoder's ids (an adopted version's may differ)
-            self._residual, self._residual_rows = residual_learner(champion.encoder.hash_buckets), 0
+        residual_on = self.cfg.online_residual
+        if residual_on and self._residual is None:  # the champion's encoder's ids (an adopted
+            self._residual = residual_learner(champion.encoder.hash_buckets)  # version's may differ)
+        blend = champion.blend if self.cfg.base_rate_blend_clamp > 0 else None
+        if self._blend is None or self._live_rows == 0:
+            self._blend = blend
         at = 0
         for z, y, part in self._live:
-            if at + len(z) > self._residual_rows:
-                new = slice(max(0, self._residual_rows - at), len(z))
+            if at + len(z) > self._live_rows:
+                new = slice(max(0, self._live_rows - at), len(z))
                 clicks = y[new] >= 0
                 if clicks.any():
-                    labelled = ids_only(part[new][clicks], y[new][clicks])
-                    self._residual.learn(labelled, z[new][clicks] + offset)
+                    logits, labels = z[new][clicks], y[new][clicks]
+                    labelled = ids_only(part[new][clicks], labels)
+                    served = logits + self._served_offset  # as served: the offset published before
+                    if self._residual is not None:
+                        served = served + self._residual.logits(labelled)  # and before it learns them
+                        self._residual.learn(labelled, logits + offset)
+                    if self._blend is not None:
+                        p = 1.0 / (1.0 + np.exp(-served))
+                        self._blend = self._blend.learn(p, labels, clamp=self.cfg.base_rate_blend_clamp)
             at += len(z)
-        self._residual_rows = at
-        return version, offset, SparseResidual.of(self._residual)
+        self._live_rows, self._served_offset = at, offset
+        residual = SparseResidual.of(self._residual) if residual_on and self._residual is not None else None
+        return LiveServing(version, offset, residual, self._blend)
 
     def _take(self, n: int) -> tuple[list[LabelledExample], EncodedBatch | None, Encoder | None]:
         """Remove the first ``n`` buffered examples; with their encoding and its encoder, if made."""
@@ -403,7 +432,7 @@ class IncrementalTrainer:
             y = np.concatenate([y for _, y, _ in self._live])
             rows = EncodedBatch.concat([part for _, _, part in self._live])
             self._live = [(z[n:], y[n:], rows[n:])] if len(z) > n else []
-            self._residual, self._residual_rows = None, 0
+            self._residual, self._blend, self._live_rows, self._served_offset = None, None, 0, 0.0
         if self._encoded_rows < n:  # not encoded ahead (block 1)
             self._encoded, self._live_for = [], None
             return block, None, None
@@ -436,8 +465,20 @@ class IncrementalTrainer:
         logits_online = champion.predict_task_logits(batch) if multi else None  # (n, 2): one pass
         raw_online = champion.predict_logits(batch) if logits_online is None else logits_online[:, 0]
         p_online = apply_platt(raw_online, champion.calibration)  # the model's: what the gate compares
-        # + the online offset and residual
-        served = self._served(raw_online, champion.calibration, y, ts[order], clicks, batch)
+        # + the online offset and residual: the model's expert, mixed with the base rate to serve
+        served_model = self._served(raw_online, champion.calibration, y, ts[order], clicks, batch)
+        blend = champion.blend if self.has_champion and self.cfg.base_rate_blend_clamp > 0 else None
+        served, weights, blend_end = served_model, np.ones(len(y_click)), 0.0
+        if blend is not None:
+            weights, blend_end = blend.block_weights(
+                _rows(served_model, clicks),
+                y_click,
+                _rows(ts[order], clicks),
+                delay_ms=self.label_delay_ms,
+                every=self.cfg.online_offset_every,
+                clamp=self.cfg.base_rate_blend_clamp,
+            )
+            served = blend.apply(served_model, _per_row(weights, clicks))
         online = block_metrics(y_click, _rows(served, clicks))
         tasks_online = None  # [pCTR, pCVR] of a multi-task champion
         if logits_online is not None:
@@ -478,7 +519,11 @@ class IncrementalTrainer:
         champ_metrics = block_metrics(y_hold, p_champ_hold) if self.has_champion else None
         confidence = self.cfg.gate_confidence
         corrupt = (
-            labels_look_corrupt(online, self.cfg.min_champion_auc, self._champion_auc)
+            labels_look_corrupt(
+                online if blend is None else block_metrics(y_click, _rows(served_model, clicks)),
+                self.cfg.min_champion_auc,
+                self._champion_auc,
+            )  # the model's ranking: the mixture's weight moves between stretches
             if self.has_champion
             else None
         )
@@ -519,6 +564,7 @@ class IncrementalTrainer:
             adopted_version=adopted,
             corrections=len(y) - len(y_click),
             corrections_skipped=self._skipped,
+            served_weight=float(weights.mean()) if weights.size else 1.0,
         )
         self._skipped = 0
         if self.on_scores is not None:
@@ -530,6 +576,7 @@ class IncrementalTrainer:
                 BlockScores(self.blocks, y_click, scores, report.event_time_min, report.event_time_max)
             )
         if decision.accepted:
+            candidate.blend = self._next_blend(blend, blend_end, y_click, p_hold, y_hold)
             if self.cfg.shift_on_holdout:
                 # the holdout was scored before the candidate learned it, as the next block will be
                 slope, intercept = candidate.calibration
@@ -545,9 +592,13 @@ class IncrementalTrainer:
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.store is not None:
                 start = time.perf_counter()
-                version = self.store.publish(
-                    candidate, self._lineage(report, len(train)), _metrics_for_store(report)
-                )
+                metrics = _metrics_for_store(report)
+                if candidate.blend is not None:  # what replicas will serve it with
+                    metrics |= {
+                        "blend.model_weight": candidate.blend.weight,
+                        "blend.base_rate": candidate.blend.base_rate,
+                    }
+                version = self.store.publish(candidate, self._lineage(report, len(train)), metrics)
                 report.alias_moved = self._move_alias(version, gated_against=champion.version)
                 report.publish_seconds = time.perf_counter() - start
                 report.version = candidate.version = version
@@ -633,6 +684,21 @@ class IncrementalTrainer:
         gain = max(self.cfg.intercept_gain, 1.0 / (k + 1))
         candidate.calibration = (a, b + gain * fit_shift(a * raw + b, y))
         candidate.intercept_corrections = k
+
+    def _next_blend(
+        self, blend: BaseRateBlend | None, end: float, y: np.ndarray, p_hold: np.ndarray, y_hold: np.ndarray
+    ) -> BaseRateBlend | None:
+        """The mixture an accepted candidate starts from (:mod:`trainers.base_rate_blend`): its
+        champion's ``blend`` with ``end``, the log odds it reached over the block it served, and
+        the block's labels ``y`` added to the rate; after a champion without one (the first
+        block's untrained model, a version published before, one handed in), what the candidate's
+        holdout scores ``p_hold`` say (:meth:`BaseRateBlend.first`)."""
+        clamp = self.cfg.base_rate_blend_clamp
+        if clamp <= 0:
+            return None
+        if blend is None:
+            return BaseRateBlend.first(y[: len(y) - len(y_hold)], p_hold, y_hold, clamp=clamp)
+        return blend.next_version(end, y)
 
     def _follow_alias(self) -> str | None:
         """Adopt the alias's version if someone else moved it off ours; the adopted version or None."""

@@ -48,6 +48,7 @@ from torch import nn
 
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression, LabelledExample
+from trainers.base_rate_blend import BaseRateBlend
 from trainers.calibration import IDENTITY, apply_platt
 from trainers.dense_range import DenseRange
 from trainers.encoding import EncodedBatch, Encoder, Row
@@ -276,6 +277,9 @@ class TorchLearner:
         self.frozen = False
         self.calibration: tuple[float, float] = IDENTITY  # Platt (a, b) applied by predict
         self.intercept_corrections = 0  # blocks whose offset moved calibration's b (intercept_gain)
+        # the served mixture with the base rate (trainers.base_rate_blend): applied by whoever serves
+        # (replicas, the pyfunc, backtests) after the online offset; None = the model's own
+        self.blend: BaseRateBlend | None = None
         self._scorer: Scorer | None = None  # the traced forward of use_inference; None: eager
         self._task_scorer: Scorer | None = None  # a multi-task model's traced task_logits
 
@@ -523,6 +527,7 @@ class TorchLearner:
             "blocks_learned": self.blocks_learned,
             "calibration": list(self.calibration),
             "intercept_corrections": self.intercept_corrections,
+            "blend": None if self.blend is None else self.blend.to_list(),
             "steps": self.steps,
             "torch": torch.__version__,
         }
@@ -611,6 +616,7 @@ class TorchLearner:
         a, b = spec.get("calibration", IDENTITY)
         learner.calibration = (float(a), float(b))
         learner.intercept_corrections = int(spec.get("intercept_corrections", 0))
+        learner.blend = BaseRateBlend.from_spec(spec.get("blend"))
         # Optimizer state saved before the wide table was split off does not fit: fresh moments.
         old = "wide_opt" not in state and "linear_opt" not in state
         for key, opt in learner._named_optimizers():

@@ -72,10 +72,13 @@ class CtrPyfuncModel(PythonModel):
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
         records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
         rows = rows_from_records(records)
+        blend = self.learner.blend  # the version's mixture with the base rate (no online offset here)
         if not self.learner.multi_task:
-            return self.learner.predict(rows)
+            p = self.learner.predict(rows)
+            return p if blend is None else blend.apply(p)
         both = self.learner.predict_tasks(rows)  # one forward; column 0 is what predict gives
-        return pd.DataFrame({PROBABILITY_COLUMN: both[:, 0], CONVERSION_COLUMN: both[:, 1]})
+        clicks = both[:, 0] if blend is None else blend.apply(both[:, 0])
+        return pd.DataFrame({PROBABILITY_COLUMN: clicks, CONVERSION_COLUMN: both[:, 1]})
 
 
 mlflow.models.set_model(CtrPyfuncModel())

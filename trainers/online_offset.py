@@ -35,13 +35,27 @@ Measured on the quality suite before it was built: ``benchmarks/online_offset.py
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from trainers.base_rate_blend import BaseRateBlend
 from trainers.calibration import fit_shift
+from trainers.online_residual import SparseResidual
 
-__all__ = ["MIN_LABELLED", "block_offsets", "live_offset"]
+__all__ = ["MIN_LABELLED", "LiveServing", "block_offsets", "live_offset"]
 
 MIN_LABELLED = 100  # examples a fit needs; fewer: offset 0
+
+
+class LiveServing(NamedTuple):
+    """What the trainer publishes for its champion while a block fills; replicas serve with it
+    (:mod:`serving_bridge.online_offset`)."""
+
+    version: str
+    offset: float
+    residual: SparseResidual | None = None  # trainers.online_residual (trainer.online_residual)
+    blend: BaseRateBlend | None = None  # trainers.base_rate_blend (trainer.base_rate_blend_clamp)
 
 
 def block_offsets(

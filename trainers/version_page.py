@@ -55,6 +55,7 @@ TAGGED_METRICS = (
     "holdout.auc",
     "holdout.logloss",
     "holdout_champion.logloss",
+    "blend.model_weight",  # the model's share of what it serves at its block's start (base_rate_blend)
 )
 # lineage fields only in lineage.json (and the description): counts and settings nobody reads from
 # a tag; every other lineage field is a tag

@@ -88,6 +88,12 @@ class TrainerConfig(Section):
     # with the offset, added by replicas and backtests (trainers.online_residual); backtests score
     # with it at the offset's pace. Chosen on the quality suite (benchmarks/README.md)
     online_residual: bool = True
+    # the served probability mixes the model (with offset and residual) and the running click rate,
+    # weighted by their log loss so far, following the labels joined during the block at the
+    # offset's pace (trainers.base_rate_blend): where the features carry no signal it is never much
+    # worse than the rate alone. The mixture's log odds are clamped to +-this many nats (what it
+    # costs to follow a change of which is better); 0 = off. Chosen on the quality suite (README)
+    base_rate_blend_clamp: NonNegative = 10.0
     learn_holdout: bool = True  # an accepted candidate then learns its holdout before it is published
     gate_tolerance: float = 0.01  # candidate logloss may exceed the champion's by this fraction
     # ... and by what chance explains on the holdout: the one-sided bound, at this confidence, of the

@@ -190,6 +190,8 @@ def _models(cfg: Config, last: int) -> dict[str, Any]:
                 "online_auc": _num(tags.get("metric.online.auc")),
                 "online_logloss": _num(tags.get("metric.online.logloss")),
                 "holdout_auc": _num(tags.get("metric.holdout.auc")),
+                # the model's share of what it serves at its block's start; the running click rate's the rest
+                "model_weight": _num(tags.get("metric.blend.model_weight")),
                 "block_closed_at": tag_time(tags.get("block_closed_at")),  # ISO 8601 tag -> epoch s
                 "gate": tags.get("gate_reason", ""),
             }

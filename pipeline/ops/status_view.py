@@ -63,11 +63,15 @@ def render(s: dict[str, Any]) -> str:
             f"  {models['name']}: champion {_fmt(models['champion'])}, challenger "
             f"{_fmt(models['challenger'])}, {models['versions']} versions"
         )
-        lines.append(f"  {'version':>7} {'block':>5} {'examples':>9} {'online AUC':>10} {'logloss':>8}  gate")
+        lines.append(
+            f"  {'version':>7} {'block':>5} {'examples':>9} {'online AUC':>10} {'logloss':>8}"
+            f" {'model w':>7}  gate"
+        )
         for b in models["last_blocks"]:
             lines.append(
                 f"  {b['version']:>7} {_fmt(b['block'], '.0f'):>5} {_fmt(b['examples'], ',.0f'):>9} "
-                f"{_fmt(b['online_auc'], '.4f'):>10} {_fmt(b['online_logloss'], '.4f'):>8}  {b['gate']}"
+                f"{_fmt(b['online_auc'], '.4f'):>10} {_fmt(b['online_logloss'], '.4f'):>8} "
+                f"{_fmt(b.get('model_weight'), '.3f'):>7}  {b['gate']}"
             )
     lines += ["", "replicas"]
     if not s["replicas"]:

@@ -184,7 +184,7 @@ def run_backtest(
         **(extra or {}),
         "config": cfg.to_dict(),
     }
-    summary["hints"] = _block_hints(result.examples, cfg.trainer.train_every)
+    summary["hints"] = _block_hints(result.examples, cfg.trainer.train_every) + _blend_hints(rows)
     files = [report.write_csv(rows, out / "metrics.csv")]
     files += report.write_plots(rows, learners, out)
     files.append(report.write_html(summary, rows, files[1:], out))
@@ -223,6 +223,18 @@ def _block_hints(examples: int, train_every: int) -> list[str]:
         f"{examples:,} examples in blocks of {train_every:,}: {judged} (the metrics read blocks 2 "
         f"and later; block 1 is scored before anything was learned). For about five blocks, rerun "
         f"with --train-every {suggested}."
+    ]
+
+
+def _blend_hints(rows: list[dict[str, Any]]) -> list[str]:
+    """Say so when the last block was served mostly by the running base rate (the model's scores
+    had predicted worse than the click rate alone: trainers.base_rate_blend)."""
+    weight = float(rows[-1].get("served_model_weight", 1.0)) if rows else 1.0
+    if weight >= 0.5:
+        return []
+    return [
+        f"the last block was served {1 - weight:.1%} by the running click rate: the model's scores had "
+        "predicted worse than the rate alone (metrics.csv served_model_weight; trainer.base_rate_blend_clamp)"
     ]
 
 

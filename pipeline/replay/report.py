@@ -59,6 +59,7 @@ def block_row(report: BlockReport, learners: Sequence[str]) -> dict[str, Any]:
     if "cvr_auc" in report.online:  # a multi-task model: its conversion task too (trainers.multitask)
         row["corrections"] = report.corrections
         row |= {f"online_{k}": v for k, v in report.online.items() if k.startswith("cvr_")}
+    row["served_model_weight"] = report.served_weight  # the model's share; the base rate's the rest
     row["gate_accepted"] = int(report.decision.accepted)
     row["scored_by_version"] = report.parent_version or ""
     row["version"] = report.version or ""
