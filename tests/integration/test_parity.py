@@ -224,6 +224,11 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     board = redis.Redis.from_url(env["CTR_DAEMON_REDIS_URL"])
     offsets = board.hgetall(offset_key(env["CTR_FEATURES_PROJECT"], f"parity-model-{tag}"))
     assert list(offsets) == [champion.encode()] and math.isfinite(float(offsets[champion.encode()]))
+    # and its mixture with the click rate beside it: [log odds, clicks, rows behind the rate]
+    blends = board.hgetall(offset_key(env["CTR_FEATURES_PROJECT"], f"parity-model-{tag}") + ":blend")
+    assert list(blends) == [champion.encode()]
+    log_odds, clicks, rows = json.loads(blends[champion.encode()])
+    assert abs(log_odds) <= 10.0 and 0 < clicks < rows
 
     # The trainer on two ranks (trainer.ranks: torchrun, each rank half of every table's rows) from
     # the same examples: the same blocks, one version per accepted block, the same metrics but for
