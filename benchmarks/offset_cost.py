@@ -9,10 +9,12 @@ blocks, in chunks as a daemon's polls hand them over, and times everything after
 (before it there is no champion to score with). The two settings alternate (``--repeats`` each) so
 that a shared machine's load falls on both; the best of each is kept. Prints a table, writes JSON.
 
-Three settings: ``without`` (no live scoring, ``trainer.online_residual`` off: the engine still fits
+Four settings: ``without`` (no live scoring, ``trainer.online_residual`` off: the engine still fits
 the block's offsets for its metrics), ``with`` (live scoring and the offset published as the daemon
-does, once a second, residual off) and ``residual`` (the same with the online residual on: the
-engine learns it over each closed block for the metrics, the live path as examples arrive).
+does, once a second, residual off), ``residual`` (the same with the online residual on: the
+engine learns it over each closed block for the metrics, the live path as examples arrive) and
+``mixture`` (and the mixture with the click rate, ``trainer.base_rate_blend_clamp``: the defaults,
+what ``ctr trainer`` runs). The first three run with the mixture off.
 
     python benchmarks/offset_cost.py                   # 3 blocks of 20,000 after the first
     python benchmarks/offset_cost.py --chunk 200 --repeats 3
@@ -74,7 +76,12 @@ def timed_run(
     return time.perf_counter() - start, weights, size
 
 
-SETTINGS = {"without": (False, False), "with": (True, False), "residual": (True, True)}  # serves, residual
+SETTINGS = {  # serves, residual, mixture
+    "without": (False, False, False),
+    "with": (True, False, False),
+    "residual": (True, True, False),
+    "mixture": (True, True, True),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, list[float]] = {name: [] for name in SETTINGS}
     largest = (0, 0)  # the residual's weights and bytes, the most published
     for r in range(args.repeats):
-        for name, (serves, residual) in SETTINGS.items():
-            setting = dataclasses.replace(cfg, online_residual=residual)
+        for name, (serves, residual, mixture) in SETTINGS.items():
+            clamp = cfg.base_rate_blend_clamp if mixture else 0.0
+            setting = dataclasses.replace(cfg, online_residual=residual, base_rate_blend_clamp=clamp)
             s, weights, size = timed_run(setting, stream, args.block, args.chunk, serves=serves)
             if residual:
                 largest = max(largest, (weights, size))
@@ -98,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the largest residual published: {largest[0]:,} weights, {largest[1]:,} bytes on Redis")
     cost = 1.0 - rate["with"] / rate["without"]
     residual_cost = 1.0 - rate["residual"] / rate["without"]
+    mixture_cost = 1.0 - rate["mixture"] / rate["without"]
     print(
         f"examples/s (best of {args.repeats}): without {rate['without']:,.0f}, with {rate['with']:,.0f},"
-        f" with the residual {rate['residual']:,.0f} -> the live offset costs {cost:.1%} of the"
-        f" trainer's throughput, offset and residual {residual_cost:.1%}"
+        f" with the residual {rate['residual']:,.0f}, and the mixture {rate['mixture']:,.0f} -> the live"
+        f" offset costs {cost:.1%} of the trainer's throughput, offset and residual {residual_cost:.1%},"
+        f" all three {mixture_cost:.1%}"
     )
     result = {
         "meta": {
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "examples_per_s": rate,
         "throughput_cost": cost,
         "throughput_cost_with_residual": residual_cost,
+        "throughput_cost_with_mixture": mixture_cost,
         "largest_residual": {"weights": largest[0], "bytes": largest[1]},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

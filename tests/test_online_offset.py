@@ -203,6 +203,7 @@ def test_the_cost_benchmark_times_the_trainer_with_and_without_live_scoring(tmp_
     subprocess.run(cmd, check=True, cwd=script.parents[1], capture_output=True, timeout=600)
     data = json.loads(out.read_text())
     assert data["meta"]["timed_examples"] == 2_000 and len(data["seconds"]["with"]) == 1
+    assert set(data["seconds"]) == {"without", "with", "residual", "mixture"}
     rate = data["examples_per_s"]
     assert rate["with"] > 0 and data["throughput_cost"] == pytest.approx(1 - rate["with"] / rate["without"])
     assert len(data["seconds"]["residual"]) == 1
