@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from pipeline.core.events import LabelledExample
-from serving_bridge.online_offset import MemoryOffsets, shift_probabilities
-from serving_bridge.replica import Replica
+from serving_bridge.online_offset import shift_probabilities
+from tests.test_online_residual import ITEMS, replica_on_board
 from trainers.base_rate_blend import BaseRateBlend
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.metrics import example_loglosses, normalized_entropy
-from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples, tiny_learner
+from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples
 
 
 def test_the_expert_that_predicted_better_gains_weight_up_to_the_clamp() -> None:
@@ -150,14 +150,8 @@ def test_on_a_stream_with_signal_the_model_serves_its_own_scores() -> None:
 
 
 def test_a_replica_mixes_after_the_online_offset_as_the_version_says() -> None:
-    store = InMemoryModelStore()
-    store.models["1"] = learner = tiny_learner()
-    store.aliases["champion"] = "1"
-    board = MemoryOffsets()
-    replica = Replica("r0", store, None, lambda u: u, offsets=board)
-    replica.check_once()
-    items = ["item1", "item2", "item3"]
-    model = np.array(replica.score("u_1", {}, items).probabilities)  # a version without a blend
+    store, learner, board, replica, model = replica_on_board()  # a version without a blend
+    items = ITEMS
     learner.blend = BaseRateBlend(-1.0, 10.0, 500.0)
     store.models["2"] = learner
     store.aliases["champion"] = "2"

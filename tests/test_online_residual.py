@@ -11,6 +11,7 @@ from serving_bridge.replica import Replica
 from trainers.encoding import EncodedBatch
 from trainers.ftrl import FtrlLearner
 from trainers.incremental import BlockScores, IncrementalTrainer
+from trainers.learner import TorchLearner
 from trainers.metrics import auc
 from trainers.online_residual import SparseResidual, block_residual
 from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples, tiny_learner
@@ -127,15 +128,24 @@ def test_sparse_residual_scores_as_its_learner_and_survives_bytes():
         SparseResidual.from_bytes(unordered.to_bytes())
 
 
-def test_a_replica_adds_its_versions_residual_per_row():
+def replica_on_board() -> tuple[InMemoryModelStore, TorchLearner, MemoryOffsets, Replica, np.ndarray]:
+    """A replica serving version 1 (a tiny model) with an in-memory board for what the trainer
+    publishes, and its scores for ``u_1`` on :data:`ITEMS` before anything is published."""
     store = InMemoryModelStore()
     store.models["1"] = learner = tiny_learner()
     store.aliases["champion"] = "1"
     board = MemoryOffsets()
     replica = Replica("r0", store, None, lambda u: u, offsets=board)
     replica.check_once()
-    items = ["item1", "item2", "item3"]
-    model = np.array(replica.score("u_1", {}, items).probabilities)
+    return store, learner, board, replica, np.array(replica.score("u_1", {}, ITEMS).probabilities)
+
+
+ITEMS = ["item1", "item2", "item3"]
+
+
+def test_a_replica_adds_its_versions_residual_per_row():
+    _, learner, board, replica, model = replica_on_board()
+    items = ITEMS
     rows = learner.encoder.encode_request("u_1", items, {}, None, [{}] * 3)
     item2 = int(rows.ids[1, learner.encoder.fields.index("item_id")])
     bias = learner.cfg.hash_buckets  # the residual reads no dense input: its bias follows the ids
