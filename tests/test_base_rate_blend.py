@@ -10,7 +10,7 @@ import pytest
 from pipeline.core.events import LabelledExample
 from serving_bridge.online_offset import shift_probabilities
 from tests.test_online_residual import ITEMS, replica_on_board
-from trainers.base_rate_blend import BaseRateBlend
+from trainers.base_rate_blend import BaseRateBlend, _running
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.metrics import example_loglosses, normalized_entropy
 from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples
@@ -32,6 +32,19 @@ def test_the_expert_that_predicted_better_gains_weight_up_to_the_clamp() -> None
     assert knows.log_odds > 3.0 and (knows.clicks, knows.rows) == (10.0, 200.0)
     assert start.learn(np.full(200, 0.9), y, clamp=3).log_odds == -3.0
     assert start.learn(np.array([]), np.array([]), clamp=3) == start
+
+
+def test_the_clamped_running_sum_is_the_row_by_row_one() -> None:
+    rng = np.random.default_rng(11)
+    for drift, scale, clamp, start in ((0.0, 1.0, 3.0, 0.0), (0.05, 0.3, 2.0, -2.0), (-0.2, 2.0, 1.0, 5.0)):
+        gains = drift + scale * rng.normal(size=5_000)  # walks that hit both barriers, many times
+        acc, naive = min(clamp, max(-clamp, start)), []
+        for g in gains:
+            naive.append(acc)
+            acc = min(clamp, max(-clamp, acc + g))
+        naive.append(acc)
+        np.testing.assert_allclose(_running(start, gains, clamp), naive, rtol=0, atol=1e-9)
+    assert _running(1.0, np.array([]), 3.0).tolist() == [1.0]
 
 
 def test_per_row_the_mixture_loses_at_most_log_2_to_the_better_expert() -> None:

@@ -63,12 +63,32 @@ def _gains(p_model: np.ndarray, rate: float, y: np.ndarray) -> np.ndarray:
 
 
 def _running(start: float, gains: np.ndarray, clamp: float) -> np.ndarray:
-    """``L`` before each row and after the last (``len(gains) + 1`` values), clamped at every row."""
-    out = np.empty(len(gains) + 1)
-    acc = out[0] = start
-    for i, g in enumerate(gains.tolist()):  # the clamp makes it sequential: a Python loop (µs a row)
-        acc = min(clamp, max(-clamp, acc + g))
-        out[i + 1] = acc
+    """``L`` before each row and after the last (``len(gains) + 1`` values), clamped to
+    ``[-clamp, clamp]`` after every row: ``L_i = min(clamp, max(-clamp, L_{i-1} + g_i))``.
+
+    Vectorised, not a loop: against one barrier the clamped walk is the free one minus its running
+    excess over the barrier (Skorokhod's reflection); so each stretch is reflected at the barrier it
+    leans on until it crosses the other one, where the next stretch starts (a few stretches: a
+    crossing takes ``2 clamp`` nats of evidence)."""
+    n = len(gains)
+    out = np.empty(n + 1)
+    out[0] = level = min(clamp, max(-clamp, start))
+    i, upper = 0, True  # reflected at +clamp (crossing -clamp ends the stretch), or the reverse
+    while i < n:
+        free = level + np.cumsum(gains[i:])
+        if upper:
+            path = free - np.maximum.accumulate(np.maximum(free - clamp, 0.0))
+            crossed = np.flatnonzero(path < -clamp)
+        else:
+            path = free - np.minimum.accumulate(np.minimum(free + clamp, 0.0))
+            crossed = np.flatnonzero(path > clamp)
+        if not crossed.size:
+            out[i + 1 :] = path
+            break
+        j = int(crossed[0])
+        out[i + 1 : i + 1 + j] = path[:j]
+        level = out[i + 1 + j] = -clamp if upper else clamp
+        i, upper = i + j + 1, not upper
     return out
 
 

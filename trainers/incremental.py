@@ -410,13 +410,14 @@ class IncrementalTrainer:
                 if clicks.any():
                     logits, labels = z[new][clicks], y[new][clicks]
                     labelled = ids_only(part[new][clicks], labels)
-                    served = logits + self._served_offset  # as served: the offset published before
-                    if self._residual is not None:
-                        served = served + self._residual.logits(labelled)  # and before it learns them
-                        self._residual.learn(labelled, logits + offset)
-                    if self._blend is not None:
+                    if self._blend is not None:  # each as served: the offset published before,
+                        served = logits + self._served_offset  # the residual before it learns them
+                        if self._residual is not None:
+                            served = served + self._residual.logits(labelled)
                         p = 1.0 / (1.0 + np.exp(-served))
                         self._blend = self._blend.learn(p, labels, clamp=self.cfg.base_rate_blend_clamp)
+                    if self._residual is not None:
+                        self._residual.learn(labelled, logits + offset)
             at += len(z)
         self._live_rows, self._served_offset = at, offset
         residual = SparseResidual.of(self._residual) if residual_on and self._residual is not None else None
