@@ -14,10 +14,10 @@ would be stale). A replica that cannot reach Redis keeps the offset it read last
 per outage). The embedded stack (``ctr demo``) passes it through a :class:`MemoryOffsets`.
 
 >>> board = MemoryOffsets()
->>> board.put("3", 0.5)
+>>> board.put(LiveServing("3", 0.5))
 >>> board.get("3"), board.get("4")
 (0.5, None)
->>> board.put("4", -0.1)  # the champion moved on: only its offset is on the board
+>>> board.put(LiveServing("4", -0.1))  # the champion moved on: only its offset is on the board
 >>> board.get("3"), board.get("4")
 (None, -0.1)
 >>> [round(float(p), 4) for p in shift_probabilities(np.array([0.1, 0.5]), np.log(2.0))]
@@ -51,14 +51,8 @@ log = logging.getLogger(__name__)
 
 
 class OffsetBoard(Protocol):
-    def put(
-        self,
-        version: str,
-        offset: float,
-        residual: SparseResidual | None = None,
-        blend: BaseRateBlend | None = None,
-    ) -> None:
-        """Make ``offset`` (and ``residual``, ``blend``) the board's only ones: ``version``'s."""
+    def put(self, live: LiveServing) -> None:
+        """Make ``live`` (a version's offset, residual and mixture) the board's only one."""
 
     def get(self, version: str) -> float | None: ...
 
@@ -90,14 +84,8 @@ class MemoryOffsets:
     def __init__(self) -> None:
         self._live: dict[str, LiveServing] = {}
 
-    def put(
-        self,
-        version: str,
-        offset: float,
-        residual: SparseResidual | None = None,
-        blend: BaseRateBlend | None = None,
-    ) -> None:
-        self._live = {version: LiveServing(version, offset, residual, blend)}
+    def put(self, live: LiveServing) -> None:
+        self._live = {live.version: live}
 
     def get(self, version: str) -> float | None:
         found = self._live.get(version)
@@ -128,20 +116,15 @@ class RedisOffsets:
         )
         self._residual: tuple[bytes, SparseResidual] | None = None  # the last one parsed
 
-    def put(
-        self,
-        version: str,
-        offset: float,
-        residual: SparseResidual | None = None,
-        blend: BaseRateBlend | None = None,
-    ) -> None:
+    def put(self, live: LiveServing) -> None:
+        version = live.version
         with self._redis.pipeline(transaction=True) as all_:  # MULTI/EXEC: no reader sees it empty
             all_.delete(self.key, self.residual_key, self.blend_key)
-            all_.hset(self.key, version, repr(float(offset)))
-            if residual is not None:
-                all_.hset(self.residual_key, version, residual.to_bytes())
-            if blend is not None:
-                all_.hset(self.blend_key, version, json.dumps(blend.to_list()))
+            all_.hset(self.key, version, repr(float(live.offset)))
+            if live.residual is not None:
+                all_.hset(self.residual_key, version, live.residual.to_bytes())
+            if live.blend is not None:
+                all_.hset(self.blend_key, version, json.dumps(live.blend.to_list()))
             all_.execute()
 
     def get_blend(self, version: str) -> BaseRateBlend | None:
@@ -188,7 +171,7 @@ class OffsetPublisher:
         if live is None:
             return
         try:
-            self.board.put(*live)
+            self.board.put(live)
         except Exception:
             self.failures += 1
             if not self._failing:

@@ -13,6 +13,7 @@ from tests.test_online_residual import ITEMS, replica_on_board
 from trainers.base_rate_blend import BaseRateBlend, _running
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.metrics import example_loglosses, normalized_entropy
+from trainers.online_offset import LiveServing
 from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples
 
 
@@ -169,12 +170,12 @@ def test_a_replica_mixes_after_the_online_offset_as_the_version_says() -> None:
     store.models["2"] = learner
     store.aliases["champion"] = "2"
     replica.check_once()
-    board.put("2", 0.3)
+    board.put(LiveServing("2", 0.3))
     replica.read_offset()
     served = np.array(replica.score("u_1", {}, items).probabilities)
     np.testing.assert_allclose(served, learner.blend.apply(shift_probabilities(model, 0.3)), rtol=1e-12)
     live = BaseRateBlend(2.0, 10.0, 500.0)  # the trainer's, while the block fills: it wins
-    board.put("2", 0.3, None, live)
+    board.put(LiveServing("2", 0.3, None, live))
     replica.read_offset()
     served = np.array(replica.score("u_1", {}, items).probabilities)
     np.testing.assert_allclose(served, live.apply(shift_probabilities(model, 0.3)), rtol=1e-12)

@@ -16,7 +16,7 @@ from serving_bridge.online_offset import MemoryOffsets, OffsetPublisher, shift_p
 from serving_bridge.replica import Replica
 from trainers.calibration import fit_shift
 from trainers.incremental import BlockScores, IncrementalTrainer
-from trainers.online_offset import MIN_LABELLED, block_offsets
+from trainers.online_offset import MIN_LABELLED, LiveServing, block_offsets
 from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples, tiny_learner
 
 DELAY_MS = 20_000  # 200 of synthetic_examples' impressions (one every 100 ms)
@@ -127,12 +127,12 @@ def test_live_offset_survives_a_refused_block_and_restarts_with_a_new_version():
 
 def test_the_publisher_writes_the_champions_offset_and_keeps_going_when_the_board_fails():
     class Broken(MemoryOffsets):
-        def put(self, version: str, offset: float, residual: object = None) -> None:
+        def put(self, live: LiveServing) -> None:
             raise ConnectionError("redis away")
 
     class Live:
-        def live_residual(self) -> tuple[str, float, None] | None:
-            return ("7", -0.25, None)
+        def live_residual(self) -> LiveServing | None:
+            return LiveServing("7", -0.25)
 
     board = MemoryOffsets()
     OffsetPublisher(board).maybe_publish(Live())
@@ -152,9 +152,9 @@ def test_a_replica_adds_its_versions_offset_and_keeps_the_last_one_when_the_boar
     replica.check_once()
     items = ["item1", "item2", "item3"]
     model = replica.score("u_1", {}, items).probabilities
-    board.put("2", 3.0)  # another version's: not ours
+    board.put(LiveServing("2", 3.0))  # another version's: not ours
     assert replica.read_offset() == 0.0 and replica.score("u_1", {}, items).probabilities == model
-    board.put("1", np.log(2.0))
+    board.put(LiveServing("1", np.log(2.0)))
     assert replica.read_offset() == pytest.approx(np.log(2.0))
     served = replica.score("u_1", {}, items).probabilities
     np.testing.assert_allclose(served, shift_probabilities(np.array(model), np.log(2.0)), rtol=1e-12)

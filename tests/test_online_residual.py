@@ -13,6 +13,7 @@ from trainers.ftrl import FtrlLearner
 from trainers.incremental import BlockScores, IncrementalTrainer
 from trainers.learner import TorchLearner
 from trainers.metrics import auc
+from trainers.online_offset import LiveServing
 from trainers.online_residual import SparseResidual, block_residual
 from trainers.testing import InMemoryModelStore, small_trainer_config, synthetic_examples, tiny_learner
 
@@ -150,7 +151,7 @@ def test_a_replica_adds_its_versions_residual_per_row():
     item2 = int(rows.ids[1, learner.encoder.fields.index("item_id")])
     bias = learner.cfg.hash_buckets  # the residual reads no dense input: its bias follows the ids
     residual = SparseResidual(np.array([item2, bias]), np.array([0.5, -1.0]), bias)  # ids < bias
-    board.put("1", 0.25, residual)
+    board.put(LiveServing("1", 0.25, residual))
     replica.read_offset()
     served = np.array(replica.score("u_1", {}, items).probabilities)
     want = shift_probabilities(model, 0.25 + residual.logits(rows.first_columns(len(learner.encoder.fields))))

@@ -161,11 +161,14 @@ class BlockReport:
         return dataclasses.asdict(self)
 
 
-def _per_row(values: np.ndarray, clicks: np.ndarray | None) -> np.ndarray:
+def _per_row(values: np.ndarray, clicks: np.ndarray | None, empty: float) -> np.ndarray:
     """``values`` of the click rows spread over every row: a correction gets the value of the click
-    example it came after (as the online offset, :meth:`IncrementalTrainer._served`)."""
-    if clicks is None or not len(values):
-        return values if clicks is None else np.ones(len(clicks))
+    example it came after (the online offset, the mixture's weight); ``empty`` for every row of a
+    block without a click row (corrections only: a flushed tail)."""
+    if clicks is None:
+        return values
+    if not len(values):
+        return np.full(len(clicks), empty)
     return values[np.maximum(np.cumsum(clicks) - 1, 0)]
 
 
@@ -399,9 +402,8 @@ class IncrementalTrainer:
         residual_on = self.cfg.online_residual
         if residual_on and self._residual is None:  # the champion's encoder's ids (an adopted
             self._residual = residual_learner(champion.encoder.hash_buckets)  # version's may differ)
-        blend = champion.blend if self.cfg.base_rate_blend_clamp > 0 else None
-        if self._blend is None or self._live_rows == 0:
-            self._blend = blend
+        if self._live_rows == 0:  # a block's start: the champion's saved mixture
+            self._blend = champion.blend if self.cfg.base_rate_blend_clamp > 0 else None
         at = 0
         for z, y, part in self._live:
             if at + len(z) > self._live_rows:
@@ -479,7 +481,7 @@ class IncrementalTrainer:
                 every=self.cfg.online_offset_every,
                 clamp=self.cfg.base_rate_blend_clamp,
             )
-            served = blend.apply(served_model, _per_row(weights, clicks))
+            served = blend.apply(served_model, _per_row(weights, clicks, 1.0))
         online = block_metrics(y_click, _rows(served, clicks))
         tasks_online = None  # [pCTR, pCVR] of a multi-task champion
         if logits_online is not None:
@@ -668,9 +670,7 @@ class IncrementalTrainer:
                 every=every,
                 offsets=offsets,
             )
-        if clicks is not None:  # a block of corrections only (a flushed tail) has no offset
-            offsets = offsets[np.maximum(np.cumsum(clicks) - 1, 0)] if len(offsets) else np.zeros(len(z))
-        return apply_platt(z + offsets, IDENTITY)
+        return apply_platt(z + _per_row(offsets, clicks, 0.0), IDENTITY)
 
     def _correct_intercept(self, candidate: TorchLearner, raw: np.ndarray, y: np.ndarray) -> None:
         """Move the candidate's intercept by what the served scores (the champion's, calibrated,

@@ -36,6 +36,7 @@ from pipeline.core.config import Config, FeatureConfig, RegistryConfig
 from pipeline.core.pseudonyms import Pseudonymizer
 from serving_bridge.online_offset import RedisOffsets, offset_key, shift_probabilities
 from serving_bridge.server import NOTIFY_CHANNEL
+from trainers.online_offset import LiveServing
 from trainers.online_residual import SparseResidual
 from trainers.registry import MlflowModelStore
 from trainers.testing import tiny_learner
@@ -284,7 +285,9 @@ def test_fleet_serves_every_request_through_three_promotions_and_a_rollback(
         # its bias alone (the coordinate after the ids), -0.5 on every logit of that version
         buckets = learner.cfg.hash_buckets
         residual = SparseResidual(np.array([buckets]), np.array([-0.5]), buckets)
-        RedisOffsets(fleet_env["CTR_DAEMON_REDIS_URL"], key).put(versions[2], math.log(3.0), residual)
+        RedisOffsets(fleet_env["CTR_DAEMON_REDIS_URL"], key).put(
+            LiveServing(versions[2], math.log(3.0), residual)
+        )
         want = [shift_probabilities(np.array(m), math.log(3.0) - 0.5) for m in model]
         _wait("the replicas adding the champion's online residual", offset_served, 30)
         notify.delete(key, f"{key}:residual")
