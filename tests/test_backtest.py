@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -284,6 +285,25 @@ def test_without_the_map_the_backtest_fails_and_names_the_option(
     assert sum(summary["dead_letters_by_reason"].values()) == summary["events"]
 
 
+def test_a_log_out_of_time_order_is_said_to_be_so(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the canonical log's lines shuffled: in file order, an event far from the median of the events
+    # around it is refused (ts_in_future or ts_too_old), and the run says why that may be
+    rows = [json.loads(line) for line in logs["canonical"].read_bytes().splitlines()]
+    start = rows[0]["ts"]
+    for r in rows:  # its ~5 minutes stretched to ~2 hours, then its lines shuffled
+        r["ts"] = start + (r["ts"] - start) * 24
+    random.Random(5).shuffle(rows)
+    shuffled = write_rows(rows, tmp_path / "shuffled.jsonl")
+    assert cli_backtest(shuffled, tmp_path / "out") == 0  # under half dead: the run stands, with a note
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    refused = sum(n for r, n in summary["dead_letters_by_reason"].items() if r.startswith("ts_"))
+    assert refused > 0.2 * summary["events"]
+    assert f"note: {refused:,} events" in out and "If the log is not in event-time order, sort it" in out
+
+
 def test_impression_and_click_files_give_the_examples_of_the_merged_file(
     logs: dict[str, Path], canonical_run: Path, tmp_path: Path
 ) -> None:
@@ -371,6 +391,15 @@ def test_the_verdict_names_the_flag_from_the_first_dead_letters() -> None:
         "Criteo's test files have no label, so they cannot be replayed); the example has 39 "
         "tab-separated fields"
     ]
+    # many events refused for their time: the order of the log is suspect (the example fits JSONL)
+    late = letter("ts_in_future", imp)
+    d = diagnose(1_000, {"ts_in_future": 300, "ts_too_old": 20, "orphan_click": 40}, [late])
+    assert not d.failed and d.notes == d.hints and len(d.hints) == 1
+    assert d.hints[0].startswith("320 events (32.0%) were refused for their time")
+    assert d.hints[0].endswith("sort it by ts first, e.g. jq -c -s 'sort_by(.ts)[]' FILE > sorted.jsonl")
+    # a few of them (1 %) in a log that is in order but for them: no such hint, and nothing to note
+    d = diagnose(1_000, {"ts_in_future": 10}, [late])
+    assert not d.hints[0].startswith("10 events") and d.generic and d.notes == []
     # a JSON array instead of JSON Lines (pretty-printed: its first line is "[")
     array = {"reason": "bad_json", "detail": "", "raw": "[", "source": "log.jsonl", "offset": 0}
     d = diagnose(12, {"bad_json": 12}, [array])

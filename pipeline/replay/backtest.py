@@ -184,7 +184,9 @@ def run_backtest(
         **(extra or {}),
         "config": cfg.to_dict(),
     }
-    summary["hints"] = _block_hints(result.examples, cfg.trainer.train_every) + _blend_hints(rows)
+    summary["hints"] = (
+        _block_hints(result.examples, cfg.trainer.train_every) + _blend_hints(rows) + verdict.notes
+    )
     files = [report.write_csv(rows, out / "metrics.csv")]
     files += report.write_plots(rows, learners, out)
     files.append(report.write_html(summary, rows, files[1:], out))

@@ -5,6 +5,9 @@ line: the run "succeeds" with no examples. :func:`diagnose` turns the dead-lette
 first dead letters into a verdict: more than :data:`FAIL_SHARE` of the events dead fails the run
 (``ctr backtest`` / ``ctr demo --source`` exit :data:`EXIT_MOSTLY_DEAD`), and the keys of the first
 rejected lines suggest the ``--map`` pairs (:mod:`pipeline.sources.jsonl_mapping`) that would read them.
+Many events refused for their time suggest a log that is not in event-time order (a replay reads it
+in file order, as Kafka delivers it). A run that did not fail prints its specific hints as notes
+(:attr:`Diagnosis.notes`) when more than :data:`NOTE_SHARE` of its events became dead letters.
 
 >>> d = diagnose(10, {"unknown_field": 10}, [{"reason": "unknown_field", "detail": "unknown field "
 ...     "'event_type'", "raw": '{"event_type": "imp", "impression_id": "i1", "uid": "a"}'}])
@@ -24,9 +27,12 @@ from typing import Any
 
 from pipeline.sources.jsonl_mapping import FIELDS, KINDS, JsonlMapping
 
-__all__ = ["EXIT_MOSTLY_DEAD", "FAIL_SHARE", "Diagnosis", "diagnose", "read_dead_letters"]
+__all__ = ["EXIT_MOSTLY_DEAD", "FAIL_SHARE", "NOTE_SHARE", "Diagnosis", "diagnose", "read_dead_letters"]
 
 FAIL_SHARE = 0.5  # a run with more dead letters than this share of its events failed
+NOTE_SHARE = 0.01  # a run that did not fail still prints its hints above this share
+_TIME_REASONS = ("ts_in_future", "ts_too_old")  # refused against the events around them
+_DISORDER_MIN, _DISORDER_SHARE = 10, 0.01  # at least this many of them, over this share: the order is suspect
 EXIT_MOSTLY_DEAD = 3  # exit status of such a run (2 is a usage error)
 _SAMPLES = 50  # dead letters read from the start of the file to guess the mapping
 _PER_KIND = 5  # ... and at least this many of each kind among the first _SCAN
@@ -79,6 +85,15 @@ class Diagnosis:
     example: str = ""  # a safe prefix of the first dead letter's raw line, and where it was
     suggested: list[str] = field(default_factory=list)  # --map pairs that would read the lines
     hints: list[str] = field(default_factory=list)
+    generic: bool = False  # the hint is only the schema (nothing more specific was found)
+
+    @property
+    def notes(self) -> list[str]:
+        """The hints a run that did not fail prints (it exits 0): only specific ones, and only when
+        a notable share of its events became dead letters."""
+        if self.failed or self.generic or self.share <= NOTE_SHARE:
+            return []
+        return self.hints
 
     @property
     def share(self) -> float:
@@ -224,7 +239,18 @@ def diagnose(
             "the log looks like one JSON array, not JSON Lines (one event object per line): convert "
             "it, e.g. jq -c '.[]' FILE > events.jsonl"
         )
+    timed_out = sum(by_reason.get(r, 0) for r in _TIME_REASONS)
+    jsonl = any(".json" in str(s.get("source", "")) for s in samples if s.get("reason") in _TIME_REASONS)
+    if not seconds and timed_out >= _DISORDER_MIN and timed_out > _DISORDER_SHARE * events:
+        d.hints.append(
+            f"{timed_out:,} events ({timed_out / events:.1%}) were refused for their time: a replay reads "
+            "the log in file order, as a Kafka topic delivers it, and judges each event against the "
+            "events next to it (validation.max_future_skew_s ahead, max_past_age_s behind). If the "
+            "log is not in event-time order, sort it by ts first"
+            + (", e.g. jq -c -s 'sort_by(.ts)[]' FILE > sorted.jsonl" if jsonl else "")
+        )
     if d.dead and not d.hints:
+        d.generic = True
         schema = ", ".join((*KINDS, *FIELDS))
         d.hints.append(f"lines must follow the event schema ({schema}); see the reasons and the example")
     return d
