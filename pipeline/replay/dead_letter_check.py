@@ -30,10 +30,10 @@ from pipeline.sources.jsonl_mapping import FIELDS, KINDS, JsonlMapping
 __all__ = ["EXIT_MOSTLY_DEAD", "FAIL_SHARE", "NOTE_SHARE", "Diagnosis", "diagnose", "read_dead_letters"]
 
 FAIL_SHARE = 0.5  # a run with more dead letters than this share of its events failed
+EXIT_MOSTLY_DEAD = 3  # exit status of such a run (2 is a usage error)
 NOTE_SHARE = 0.01  # a run that did not fail still prints its hints above this share
 _TIME_REASONS = ("ts_in_future", "ts_too_old")  # refused against the events around them
 _DISORDER_MIN, _DISORDER_SHARE = 10, 0.01  # at least this many of them, over this share: the order is suspect
-EXIT_MOSTLY_DEAD = 3  # exit status of such a run (2 is a usage error)
 _SAMPLES = 50  # dead letters read from the start of the file to guess the mapping
 _PER_KIND = 5  # ... and at least this many of each kind among the first _SCAN
 _SCAN = 20_000
