@@ -105,7 +105,7 @@ def run_world(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg.trainer.seed = spec.seed
     cfg.backtest.bootstrap_resamples = 0
     with tempfile.TemporaryDirectory(prefix=f"offset-{name}-") as tmp:
-        source = open_world_source(cfg, spec, impressions, args.datasets)
+        source = open_world_source(cfg, spec, impressions, args.datasets, Path(tmp))
         result = run_backtest(
             cfg, source, Path(tmp), title=name, seed=spec.seed, quiet=True, mlflow_run=False
         )

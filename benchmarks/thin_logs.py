@@ -106,7 +106,7 @@ def judged_rows(name: str, datasets: Path) -> tuple[np.ndarray, list[str], int, 
     cfg.backtest.bootstrap_resamples = 0
     with tempfile.TemporaryDirectory(prefix=f"thin-{name}-") as tmp:
         examples = Path(tmp) / "examples.jsonl"
-        source = open_world_source(cfg, spec, 0, datasets)
+        source = open_world_source(cfg, spec, 0, datasets, Path(tmp))
         run_backtest(
             cfg,
             source,

@@ -322,7 +322,7 @@ def test_blocks_publish_with_lineage_and_move_the_alias():
 def test_shift_on_holdout_moves_the_intercept_to_the_holdouts_click_rate():
     """``trainer.shift_on_holdout``: an accepted candidate carries the intercept that its holdout,
     scored before it learned it, asks for; the same blocks without it keep the identity."""
-    off = {"gate_tolerance": 1.0, "learn_holdout": False, "intercept_gain": 0.0}
+    off = {"gate_tolerance": 1.0, "learn_holdout": False, "intercept_gain": 0.0, "refit_intercept": False}
     plain = IncrementalTrainer(small_cfg("deepfm", **off), None)
     shifted = IncrementalTrainer(small_cfg("deepfm", **off, shift_on_holdout=True), None)
     data = stream(4_000)
@@ -340,6 +340,28 @@ def test_shift_on_holdout_moves_the_intercept_to_the_holdouts_click_rate():
     assert gap_shifted < gap_plain
 
 
+@pytest.mark.parametrize("model", ["deepfm", "esmm"])
+def test_refit_intercept_matches_the_holdouts_click_rate_after_the_candidate_learned_it(model):
+    """``trainer.refit_intercept``: after an accepted candidate learned its holdout, its intercept is
+    the one its holdout asks for (its mean probability there is the holdout's click rate); without
+    it the intercept stays where the last steps left it."""
+    base = {"gate_tolerance": 1.0, "intercept_gain": 0.0}
+    plain = IncrementalTrainer(small_cfg(model, **base, refit_intercept=False), None)
+    refit = IncrementalTrainer(small_cfg(model, **base), None)
+    data = stream(4_000)
+    plain.add(data)
+    [_, report] = refit.add(data)
+    assert plain.champion is not None and plain.champion.calibration == (1.0, 0.0)
+    assert refit.champion is not None and report.decision.accepted
+    assert refit.champion.calibration[0] == 1.0 and refit.champion.calibration[1] != 0.0
+    hold = sorted(data[2_000:], key=lambda ex: ex.impression.ts)[-400:]  # block 2's holdout
+    y = np.array([ex.label for ex in hold], dtype=np.float64)
+    p = refit.champion.predict(hold) if model != "esmm" else refit.champion.predict_tasks(hold)[:, 0]
+    assert p.mean() == pytest.approx(y.mean(), abs=2e-3)  # fit_shift's ridge keeps it a hair off
+    q = plain.champion.predict(hold) if model != "esmm" else plain.champion.predict_tasks(hold)[:, 0]
+    assert abs(q.mean() - y.mean()) > abs(p.mean() - y.mean())
+
+
 def test_intercept_gain_moves_the_intercept_by_the_running_mean_of_the_served_scores_miss(tmp_path):
     """``trainer.intercept_gain``: a candidate's intercept moves by what the served (champion's)
     scores missed the click rate by on the block's older part, never its holdout: half of it at the
@@ -348,14 +370,14 @@ def test_intercept_gain_moves_the_intercept_by_the_running_mean_of_the_served_sc
     block2 = sorted(data[2_000:4_000], key=lambda ex: ex.impression.ts)
     older = block2[:1_600]  # the gate's holdout is the newest fifth
     y = np.array([ex.label for ex in older], dtype=np.float64)
-    first = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0), None)
+    first = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0, refit_intercept=False), None)
     first.add(data[:2_000])
     assert first.champion is not None
     z = first.champion.predict_logits(older)  # what block 2's served scores were, as logits
     # the first correction moves it half-way (the mean of the offset and a prior block at 0),
     # unless the floor asks for more; off: nothing
     for floor, share in ((0.0, 0.0), (0.1, 0.5), (0.8, 0.8)):
-        cfg = small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=floor)
+        cfg = small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=floor, refit_intercept=False)
         trainer = IncrementalTrainer(cfg, None)
         reports = trainer.add(data[:4_000])
         assert all(r.decision.accepted for r in reports) and trainer.champion is not None
@@ -367,7 +389,9 @@ def test_intercept_gain_moves_the_intercept_by_the_running_mean_of_the_served_sc
     # the second correction, with floor 0.1: a third of what block 3's served scores missed by
     older3 = sorted(data[4_000:], key=lambda ex: ex.impression.ts)[:1_600]
     y3 = np.array([ex.label for ex in older3], dtype=np.float64)
-    trainer = IncrementalTrainer(small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=0.1), None)
+    trainer = IncrementalTrainer(
+        small_cfg("deepfm", gate_tolerance=1.0, intercept_gain=0.1, refit_intercept=False), None
+    )
     trainer.add(data[:4_000])
     assert trainer.champion is not None
     _, b2 = trainer.champion.calibration
@@ -457,6 +481,9 @@ def test_a_small_block_is_learned_in_min_steps_and_its_holdout_in_the_same_batch
     off = learner("deepfm", train_set, batch_size=512, min_steps=0)
     off.learn(train_set[:1_800])
     assert off.steps == 4
+    floored = learner("deepfm", train_set, batch_size=512, min_steps=128, min_batch_size=56)
+    floored.learn(train_set[:1_800])
+    assert floored.steps == 33  # 128 steps would be batches of 15: the floor makes them 56
 
 
 def test_dcnv2_shares_the_hashed_embedding_and_records_its_cross_layers(train_set):

@@ -13,7 +13,10 @@ For each block (examples ordered by impression time, stable):
 2. **fine-tune** a clone of the champion on the older ``1 - holdout_fraction`` of the block;
 3. **gate** the candidate against the champion on the newest ``holdout_fraction``;
 4. if accepted, the candidate **learns the holdout** too (``trainer.learn_holdout``: otherwise the
-   newest tenth of every block would never reach the served model), then is **published** with its
+   newest tenth of every block would never reach the served model), its intercept is **refitted**
+   on the holdout (``trainer.refit_intercept``: the exact optimum of that one parameter on the
+   block's newest rows, where the last few optimizer steps had left it anywhere within their
+   noise), then it is **published** with its
    lineage, the champion alias moves, and it becomes the champion; if refused, the champion stays
    and the report says why. With ``trainer.calibrate`` the candidate carries a Platt scaling fitted
    on the champion's progressive logits over the block's older part (:mod:`trainers.calibration`);
@@ -593,6 +596,8 @@ class IncrementalTrainer:
                 loss_hold = candidate.learn(hold, widen_range=False, block_rows=len(train))
                 report.train_seconds = train_s + time.perf_counter() - start
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
+            if self.cfg.refit_intercept and y_hold.size:
+                self._refit_intercept(candidate, hold, y_hold, hold_clicks)
             if self.store is not None:
                 start = time.perf_counter()
                 metrics = _metrics_for_store(report)
@@ -685,6 +690,20 @@ class IncrementalTrainer:
         gain = max(self.cfg.intercept_gain, 1.0 / (k + 1))
         candidate.calibration = (a, b + gain * fit_shift(a * raw + b, y))
         candidate.intercept_corrections = k
+
+    def _refit_intercept(
+        self, candidate: TorchLearner, hold: EncodedBatch, y_hold: np.ndarray, clicks: np.ndarray | None
+    ) -> None:
+        """Set the candidate's intercept to the one its holdout logits, after it learned the
+        holdout, fit best (``trainer.refit_intercept``): one parameter's exact optimum on the block's
+        newest rows, where the last optimizer steps had left it wherever their noise stopped."""
+        z = (
+            candidate.predict_task_logits(hold)[:, 0]
+            if candidate.multi_task
+            else candidate.predict_logits(hold)
+        )
+        a, b = candidate.calibration
+        candidate.calibration = (a, b + fit_shift(a * _rows(z, clicks) + b, y_hold))
 
     def _next_blend(
         self, blend: BaseRateBlend | None, end: float, y: np.ndarray, p_hold: np.ndarray, y_hold: np.ndarray

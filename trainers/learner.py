@@ -118,15 +118,16 @@ def pins_host_memory(device: torch.device) -> bool:
 
 def step_batch_size(cfg: TrainerConfig, device: torch.device, block_rows: int = 0) -> int:
     """Examples per optimizer step: ``cfg.batch_size_cuda`` on CUDA when set, else ``cfg.batch_size``;
-    smaller when a block of ``block_rows`` would otherwise be learned in fewer than ``cfg.min_steps``.
+    smaller when a block of ``block_rows`` would otherwise be learned in fewer than ``cfg.min_steps``,
+    but not under ``cfg.min_batch_size`` (nor over the configured size).
 
-    >>> cpu = torch.device("cpu")
-    >>> step_batch_size(TrainerConfig(), cpu, 100_000), step_batch_size(TrainerConfig(), cpu, 1_800)
-    (512, 57)
+    >>> cpu, cfg = torch.device("cpu"), TrainerConfig()
+    >>> [step_batch_size(cfg, cpu, rows) for rows in (90_000, 18_000, 1_800)]
+    [512, 141, 56]
     """
     bs = cfg.batch_size_cuda if device.type == "cuda" and cfg.batch_size_cuda > 0 else cfg.batch_size
     if cfg.min_steps and block_rows:
-        bs = min(bs, math.ceil(block_rows / cfg.min_steps))
+        bs = min(bs, max(cfg.min_batch_size, math.ceil(block_rows / cfg.min_steps)))
     return bs
 
 

@@ -39,8 +39,10 @@ class TrainerConfig(Section):
     train_every: Count = 100_000  # labelled examples per block
     batch_size: Count = 512  # examples per optimizer step (512 beats 2,048 on 100k blocks: more steps)
     # A block of fewer than min_steps * batch_size rows is learned in min_steps smaller batches (its
-    # holdout in the same batches): a 2k-row block of a real log had been 4 steps; 0 = always batch_size
-    min_steps: Natural = 32
+    # holdout in the same batches), none under min_batch_size: an 18k-row block of a Criteo-layout log
+    # had been 35 steps (underfit, FTRL ahead), a 2k-row block of a real log 4; 0 = always batch_size
+    min_steps: Natural = 128
+    min_batch_size: Count = 56  # smaller steps are noise (Avazu's 2k blocks: 56 beats 14)
     batch_size_cuda: Natural = 0  # examples per step on CUDA; 0 = batch_size (raise only with the lrs)
     hash_buckets: Count = 1 << 20  # rows of the hashed embedding table
     embedding_dim: Count = 16
@@ -72,6 +74,11 @@ class TrainerConfig(Section):
     # shift each candidate's output intercept by what its holdout (scored before it learns it) says
     # its logits miss the observed click rate by (trainers.calibration.fit_shift; README: measured)
     shift_on_holdout: bool = False
+    # after an accepted candidate learned its holdout, its output intercept is refitted there
+    # (trainers.calibration.fit_shift on its own holdout logits): the newest tenth of the block is
+    # the nearest to the next one, and its last small steps no longer leave the intercept where
+    # they happened to stop (a Criteo-layout log's blocks had swung 0.48-1.15). Chosen on the suite
+    refit_intercept: bool = True
     # each candidate's intercept moves by what the served scores missed the block's click rate by
     # (its older part), at gain 1/(k+1) for the k-th block, never below this: the running mean of
     # the offsets (trainers.incremental); 0 = off. Chosen on the quality suite (benchmarks/README.md)
