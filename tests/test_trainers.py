@@ -316,6 +316,7 @@ def test_blocks_publish_with_lineage_and_move_the_alias():
     assert store.lineages["1"]["examples_after_position"] == 500
     assert first.event_time_min == data[0].impression.ts and first.examples == 2_000
     assert store.metrics["2"]["holdout.logloss"] == second.candidate["logloss"]
+    assert store.metrics["2"]["intercept_refit"] == second.intercept_refit != 0.0
     assert trainer.flush() and trainer.pending == 0
 
 
@@ -350,10 +351,13 @@ def test_refit_intercept_matches_the_holdouts_click_rate_after_the_candidate_lea
     refit = IncrementalTrainer(small_cfg(model, **base), None)
     data = stream(4_000)
     plain.add(data)
-    [_, report] = refit.add(data)
+    [first, report] = refit.add(data)
     assert plain.champion is not None and plain.champion.calibration == (1.0, 0.0)
     assert refit.champion is not None and report.decision.accepted
     assert refit.champion.calibration[0] == 1.0 and refit.champion.calibration[1] != 0.0
+    # what each block's refit moved it by is reported (intercept_gain 0: nothing else moves it)
+    assert first.intercept_refit + report.intercept_refit == pytest.approx(refit.champion.calibration[1])
+    assert report.to_dict()["intercept_refit"] == report.intercept_refit
     hold = sorted(data[2_000:], key=lambda ex: ex.impression.ts)[-400:]  # block 2's holdout
     y = np.array([ex.label for ex in hold], dtype=np.float64)
     p = refit.champion.predict(hold) if model != "esmm" else refit.champion.predict_tasks(hold)[:, 0]

@@ -158,6 +158,9 @@ class BlockReport:
     corrections: int = 0  # rows of ``examples`` that are corrections (a multi-task champion's)
     corrections_skipped: int = 0  # corrections dropped since the last block (a single-task champion's)
     served_weight: float = 1.0  # the model's share of the served probability (trainers.base_rate_blend)
+    # logits the published intercept moved by when it was refitted on the holdout (trainer.refit_intercept):
+    # where the last optimizer steps had left it; large swings mean a noisy end of training
+    intercept_refit: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for logs and benchmark files)."""
@@ -178,6 +181,7 @@ def _per_row(values: np.ndarray, clicks: np.ndarray | None, empty: float) -> np.
 def _metrics_for_store(report: BlockReport) -> dict[str, float]:
     out: dict[str, float] = {"train_loss": report.train_loss, "train_examples_per_s": report.examples_per_s}
     out["served.model_weight"] = report.served_weight  # what the parent served this block with
+    out["intercept_refit"] = report.intercept_refit
     groups: dict[str, Mapping[str, float] | None] = {
         "online": report.online,
         "static": report.static,
@@ -597,7 +601,7 @@ class IncrementalTrainer:
                 report.train_seconds = train_s + time.perf_counter() - start
                 report.train_loss = (loss * len(train) + loss_hold * len(hold)) / n
             if self.cfg.refit_intercept and y_hold.size:
-                self._refit_intercept(candidate, hold, y_hold, hold_clicks)
+                report.intercept_refit = self._refit_intercept(candidate, hold, y_hold, hold_clicks)
             if self.store is not None:
                 start = time.perf_counter()
                 metrics = _metrics_for_store(report)
@@ -693,17 +697,20 @@ class IncrementalTrainer:
 
     def _refit_intercept(
         self, candidate: TorchLearner, hold: EncodedBatch, y_hold: np.ndarray, clicks: np.ndarray | None
-    ) -> None:
+    ) -> float:
         """Set the candidate's intercept to the one its holdout logits, after it learned the
         holdout, fit best (``trainer.refit_intercept``): one parameter's exact optimum on the block's
-        newest rows, where the last optimizer steps had left it wherever their noise stopped."""
+        newest rows, where the last optimizer steps had left it wherever their noise stopped. Returns
+        how far it moved (logits)."""
         z = (
             candidate.predict_task_logits(hold)[:, 0]
             if candidate.multi_task
             else candidate.predict_logits(hold)
         )
         a, b = candidate.calibration
-        candidate.calibration = (a, b + fit_shift(a * _rows(z, clicks) + b, y_hold))
+        shift = fit_shift(a * _rows(z, clicks) + b, y_hold)
+        candidate.calibration = (a, b + shift)
+        return shift
 
     def _next_blend(
         self, blend: BaseRateBlend | None, end: float, y: np.ndarray, p_hold: np.ndarray, y_hold: np.ndarray
