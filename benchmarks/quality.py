@@ -93,6 +93,11 @@ class WorldSpec:
     def real(self) -> bool:
         return bool(self.path)
 
+    @property
+    def has_oracle(self) -> bool:
+        """Its hidden click probabilities are known: a world of pipeline.sources.worlds."""
+        return not self.real and self.kind != "criteo-like"
+
 
 WORLDS: dict[str, WorldSpec] = {
     "sim-default": WorldSpec("simulator", 7, "the project's simulator, default settings (6% CTR)"),
@@ -354,7 +359,7 @@ def run_world(
     blocks: dict[int, dict[str, Any]] = {}
     timing: dict[str, Any] = {}
     conversions: dict[str, Any] = {}
-    oracle = "oracle" in learners and not spec.real and spec.kind != "criteo-like" and bool(runs)
+    oracle = "oracle" in learners and spec.has_oracle and bool(runs)
     for model, gives in runs.items():
         cfg = load_config(args.config, env=args.env)  # a fresh copy per run
         cfg.trainer.model, cfg.trainer.train_every, cfg.trainer.seed = model, block, spec.seed

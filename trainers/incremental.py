@@ -367,11 +367,7 @@ class IncrementalTrainer:
         for piece in self._encoded:
             if at + len(piece) > done:
                 part = piece[max(0, done - at) :]
-                raw = (
-                    champion.predict_task_logits(part)[:, 0]
-                    if champion.multi_task
-                    else champion.predict_logits(part)
-                )
+                raw = champion.click_logits(part)
                 assert part.labels is not None
                 y = part.labels.astype(np.float64)
                 if part.corrections is not None:
@@ -589,9 +585,8 @@ class IncrementalTrainer:
             candidate.blend = self._next_blend(blend, blend_end, y_click, p_hold, y_hold)
             if self.cfg.shift_on_holdout:
                 # the holdout was scored before the candidate learned it, as the next block will be
-                slope, intercept = candidate.calibration
                 z = np.log(np.clip(p_hold, 1e-12, 1.0)) - np.log(np.clip(1.0 - p_hold, 1e-12, 1.0))
-                candidate.calibration = (slope, intercept + fit_shift(z, y_hold))
+                _move_intercept(candidate, z, y_hold)
             if self.cfg.learn_holdout:
                 # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
                 # share of every block would never reach the served model.
@@ -691,8 +686,7 @@ class IncrementalTrainer:
         late, which would make the next block's error larger (measured: benchmarks/README.md)."""
         a, b = candidate.calibration
         k = candidate.intercept_corrections + 1
-        gain = max(self.cfg.intercept_gain, 1.0 / (k + 1))
-        candidate.calibration = (a, b + gain * fit_shift(a * raw + b, y))
+        _move_intercept(candidate, a * raw + b, y, gain=max(self.cfg.intercept_gain, 1.0 / (k + 1)))
         candidate.intercept_corrections = k
 
     def _refit_intercept(
@@ -702,15 +696,8 @@ class IncrementalTrainer:
         holdout, fit best (``trainer.refit_intercept``): one parameter's exact optimum on the block's
         newest rows, where the last optimizer steps had left it wherever their noise stopped. Returns
         how far it moved (logits)."""
-        z = (
-            candidate.predict_task_logits(hold)[:, 0]
-            if candidate.multi_task
-            else candidate.predict_logits(hold)
-        )
         a, b = candidate.calibration
-        shift = fit_shift(a * _rows(z, clicks) + b, y_hold)
-        candidate.calibration = (a, b + shift)
-        return shift
+        return _move_intercept(candidate, a * _rows(candidate.click_logits(hold), clicks) + b, y_hold)
 
     def _next_blend(
         self, blend: BaseRateBlend | None, end: float, y: np.ndarray, p_hold: np.ndarray, y_hold: np.ndarray
@@ -769,6 +756,15 @@ def _block_times(block: Sequence[LabelledExample]) -> np.ndarray:
             last = ex.impression.ts
         ts[i] = last
     return ts
+
+
+def _move_intercept(learner: TorchLearner, z: np.ndarray, y: np.ndarray, gain: float = 1.0) -> float:
+    """Move ``learner``'s calibration intercept by ``gain`` times the shift its calibrated logits
+    ``z`` miss the labels ``y`` by (:func:`~trainers.calibration.fit_shift`); the move, in logits."""
+    a, b = learner.calibration
+    shift = gain * fit_shift(z, y)
+    learner.calibration = (a, b + shift)
+    return shift
 
 
 def _rows(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:

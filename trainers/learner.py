@@ -390,6 +390,10 @@ class TorchLearner:
         """The model's own logits (float64), before calibration."""
         return self._score(self.encode(examples), self._scorer, self.model)
 
+    def click_logits(self, examples: Examples) -> np.ndarray:
+        """The click task's own logits (float64), before calibration, for one model or a multi-task one."""
+        return self.predict_task_logits(examples)[:, 0] if self.multi_task else self.predict_logits(examples)
+
     def predict_tasks(self, examples: Examples) -> np.ndarray:
         """A multi-task model's ``(n, 2)`` probabilities (float64): [pCTR, pCVR], pCTR as
         :meth:`predict` gives it (calibrated), pCVR = P(conversion | click); their product is
