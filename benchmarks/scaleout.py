@@ -134,7 +134,7 @@ def joiner_scaleout(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """``ctr joiner`` with 1, 2, 3 processes in one group over one stream (see above)."""
     import uuid
 
-    from ingest import bench_config, raw_consumer  # a script beside this one
+    from ingest import STEADY_FETCH_WAIT_MS, bench_config, raw_consumer  # a script beside this one
     from kafka import KafkaAdminClient
 
     from pipeline.core.config import Config
@@ -200,7 +200,9 @@ def joiner_scaleout(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
                 "publish_events_per_s": round(published, 1),  # the joiners cannot outrun the publisher
             }
             if "raw_consumer_events_per_s" not in out:
-                out["raw_consumer_events_per_s"] = raw_consumer(k, len(events), tag)["events_per_s"]
+                # the reference of ingest.py: a plain consumer, its fetches waiting 20 ms, not 500
+                raw = raw_consumer(k, len(events), tag, fetch_max_wait_ms=STEADY_FETCH_WAIT_MS)
+                out["raw_consumer_events_per_s"] = raw["events_per_s"]
             r["ratio_to_raw_consumer"] = round(r["events_per_s"] / out["raw_consumer_events_per_s"], 3)
             print(f"  {r['events_per_s']:>10,.0f} events/s  per process {r['per_process']}", flush=True)
         for n in args.processes.split(","):

@@ -38,6 +38,9 @@ def test_ingest_benchmark_counts_every_event_on_every_path(services, tmp_path):
     runs = r["raw_consumer_runs_events_per_s"]  # three reads; the reference is their median
     assert len(runs) == 3 and r["raw_consumer_events_per_s"] == sorted(runs)[1]
     assert r["ratio_to_fastest_raw_consumer"] == pytest.approx(r["events_per_s"] / max(runs))
+    defaults = r["default_raw_consumer_runs_events_per_s"]  # kafka-python's fetch wait, kept beside
+    assert len(defaults) == 3 and r["default_raw_consumer_events_per_s"] == sorted(defaults)[1]
+    assert r["ratio_to_default_raw_consumer"] == pytest.approx(r["events_per_s"] / sorted(defaults)[1])
     per_event_s = 1 / r["raw_consumer_events_per_s"] + examples / events / r["raw_producer_records_per_s"]
     assert r["kafka_python_bound_events_per_s"] == pytest.approx(1 / per_event_s)
     phases = r["joiner"]["checkpoint_phase_seconds"]  # each step of the checkpoints, within their total
