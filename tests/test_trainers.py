@@ -18,7 +18,7 @@ import torch
 from pipeline.core.config import TrainerConfig
 from pipeline.core.events import Impression
 from pipeline.core.types import Learner
-from trainers.calibration import fit_shift
+from trainers.calibration import cross_fitted_shift, fit_shift
 from trainers.encoding import MISSING, Encoder, stable_hash
 from trainers.gate import gate, paired_allowance
 from trainers.incremental import BlockScores, IncrementalTrainer
@@ -364,6 +364,56 @@ def test_refit_intercept_matches_the_holdouts_click_rate_after_the_candidate_lea
     assert p.mean() == pytest.approx(y.mean(), abs=2e-3)  # fit_shift's ridge keeps it a hair off
     q = plain.champion.predict(hold) if model != "esmm" else plain.champion.predict_tasks(hold)[:, 0]
     assert abs(q.mean() - y.mean()) > abs(p.mean() - y.mean())
+
+
+def test_the_gate_judges_a_candidate_with_the_intercept_its_refit_will_give_it(monkeypatch):
+    """With ``trainer.refit_intercept`` the gate scores the candidate with its intercept refitted,
+    cross-fitted over the holdout (no row scored by a fit it took part in): a candidate whose training
+    left its intercept 1.5 logits off is accepted, since the refit moves it back, and the holdout
+    metrics it reports are those of the refitted scores. Without the refit the same candidate is
+    refused on its logloss, as it would be served with that intercept."""
+    learn = TorchLearner.learn
+
+    def off_after_training(self: TorchLearner, batch: Any, **kw: Any) -> float:
+        loss = learn(self, batch, **kw)
+        if self.blocks_learned > 1 and kw.get("widen_range", True):  # the training pass, not the holdout's
+            a, b = self.calibration
+            self.calibration = (a, b + 1.5)
+        return loss
+
+    monkeypatch.setattr(TorchLearner, "learn", off_after_training)
+    data = stream(4_000)
+    reports = {}
+    for refit in (True, False):
+        cfg = small_cfg("deepfm", refit_intercept=refit, intercept_gain=0.0, online_offset=False)
+        reports[refit] = IncrementalTrainer(cfg, None).add(data)[1]
+    judged, unrefitted = reports[True], reports[False]
+    assert judged.decision.accepted, judged.decision.reason
+    assert not unrefitted.decision.accepted and unrefitted.decision.kind == "worse_than_champion"
+    # 400 holdout rows: fit_shift's ridge (a few clicks' worth) keeps a little of the 1.5 logits
+    assert 0.8 < judged.candidate["calibration"] < 1.25 < 2.0 < unrefitted.candidate["calibration"]
+    # the same candidate either way: its holdout AUC is its own ranking's, the halves' shifts aside
+    assert judged.candidate["auc"] == unrefitted.candidate["auc"]
+
+
+def cross_fit_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    z = rng.normal(-1.0, 1.0, n)
+    return z, (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float64)
+
+
+def test_cross_fitted_shift_scores_no_row_by_a_fit_it_took_part_in():
+    """Each half of the rows (even, odd) is shifted by the fit on the other half only: changing the
+    odd rows' labels moves the even rows' scores and leaves the odd rows' own scores alone."""
+    z, y = cross_fit_rows(2_000)
+    p = 1 / (1 + np.exp(-z))
+    base = cross_fitted_shift(p, y)
+    flipped = y.copy()
+    flipped[1::2] = 1 - flipped[1::2]
+    moved = cross_fitted_shift(p, flipped)
+    assert np.array_equal(moved[1::2], base[1::2])
+    assert not np.allclose(moved[::2], base[::2])
+    assert cross_fitted_shift(p[:1], y[:1]) == pytest.approx(p[:1])  # one row: nothing to fit on
 
 
 def test_intercept_gain_moves_the_intercept_by_the_running_mean_of_the_served_scores_miss(tmp_path):

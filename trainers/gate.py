@@ -1,13 +1,16 @@
 """The promotion gate: a candidate replaces the champion only if it is finite and not worse.
 
-Both sides are scored on the same held-out (newest) slice of the block. "Worse" means worse beyond
-the tolerance *and beyond chance*: the candidate's holdout logloss may exceed the champion's times
-``1 + trainer.gate_tolerance`` by :func:`paired_allowance`, the one-sided
-``trainer.gate_confidence`` bound of the mean of the paired per-example logloss differences. A
-refusal keeps the champion, and the next candidate starts from it, so the refused block is never
-learned: on a small holdout (200 rows of a 2,000-row block, ~35 clicks) a difference of a few
-thousandths is noise, and refusing on it threw real blocks away (Avazu's third block:
-benchmarks/README.md). On a large holdout the allowance shrinks as ``1 / sqrt(rows)``.
+Both sides are scored on the same held-out (newest) slice of the block, each as it would be served:
+the champion as it is, the candidate with the intercept the trainer refits once it is accepted
+(``trainer.refit_intercept``; :func:`trainers.calibration.cross_fitted_shift`, so no holdout row is
+scored by a fit it took part in). "Worse" means worse beyond the tolerance *and beyond chance*: the
+candidate's holdout logloss may exceed the champion's times ``1 + trainer.gate_tolerance`` by
+:func:`paired_allowance`, the one-sided ``trainer.gate_confidence`` bound of the mean of the paired
+per-example logloss differences. A refusal keeps the champion, and the next candidate starts from
+it, so the refused block is never learned: on a small holdout (200 rows of a 2,000-row block, ~35
+clicks) a difference of a few thousandths is noise, and refusing on it threw real blocks away
+(Avazu's third block: benchmarks/README.md). On a large holdout the allowance shrinks as
+``1 / sqrt(rows)``.
 
 Every value in the
 candidate's metric dict must be finite, except the metrics a single-class slice leaves undefined

@@ -78,12 +78,12 @@ from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.base_rate_blend import BaseRateBlend
-from trainers.calibration import IDENTITY, apply_platt, fit_platt, fit_shift
+from trainers.calibration import IDENTITY, apply_platt, cross_fitted_shift, fit_platt, fit_shift
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.ftrl import FtrlLearner
 from trainers.gate import GateDecision, gate, labels_look_corrupt, paired_allowance
 from trainers.learner import TorchLearner, cpu_threads
-from trainers.metrics import block_metrics
+from trainers.metrics import auc, block_metrics
 from trainers.models import is_multi_task
 from trainers.multitask import (
     both_tasks,
@@ -519,7 +519,14 @@ class IncrementalTrainer:
         train_s = time.perf_counter() - start
         tasks_hold = candidate.predict_tasks(hold) if multi else None
         p_hold = _rows(candidate.predict(hold) if tasks_hold is None else tasks_hold[:, 0], hold_clicks)
-        cand_metrics = block_metrics(y_hold, p_hold) | {"train_loss": loss}
+        # Judged as it would be served: a version's intercept is refitted on the holdout once it is
+        # accepted (refit_intercept), so the gate scores the candidate with its intercept refitted,
+        # cross-fitted (no row scored by a fit it took part in). Unrefitted, a candidate that ranked
+        # the holdout better was refused for the intercept its last small steps left, which the
+        # refit was about to move, and its block was never learned (benchmarks/README.md).
+        # Its AUC is its own ranking's: two halves shifted apart would reorder rows across them.
+        p_gate = cross_fitted_shift(p_hold, y_hold) if self.cfg.refit_intercept else p_hold
+        cand_metrics = block_metrics(y_hold, p_gate) | {"auc": auc(y_hold, p_hold), "train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
         p_champ_hold = _rows(p_online[n - n_hold :], hold_clicks)
         champ_metrics = block_metrics(y_hold, p_champ_hold) if self.has_champion else None
@@ -533,7 +540,7 @@ class IncrementalTrainer:
             if self.has_champion
             else None
         )
-        allowance = paired_allowance(y_hold, p_hold, p_champ_hold, confidence) if self.has_champion else 0.0
+        allowance = paired_allowance(y_hold, p_gate, p_champ_hold, confidence) if self.has_champion else 0.0
         decision = corrupt or gate(cand_metrics, champ_metrics, self.cfg.gate_tolerance, allowance=allowance)
         if tasks_hold is not None and tasks_online is not None:  # and the conversion task
             cand_metrics |= conversion_metrics(hold.labels, hold.conversions, tasks_hold)

@@ -77,7 +77,9 @@ class TrainerConfig(Section):
     # after an accepted candidate learned its holdout, its output intercept is refitted there
     # (trainers.calibration.fit_shift on its own holdout logits): the newest tenth of the block is
     # the nearest to the next one, and its last small steps no longer leave the intercept where
-    # they happened to stop (a Criteo-layout log's blocks had swung 0.48-1.15). Chosen on the suite
+    # they happened to stop (a Criteo-layout log's blocks had swung 0.48-1.15). Chosen on the suite.
+    # The gate then judges the candidate with its intercept refitted, cross-fitted over the holdout
+    # (trainers.calibration.cross_fitted_shift): as it would be served
     refit_intercept: bool = True
     # each candidate's intercept moves by what the served scores missed the block's click rate by
     # (its older part), at gain 1/(k+1) for the k-th block, never below this: the running mean of
