@@ -80,15 +80,17 @@ def fit_shift(logits: np.ndarray, labels: np.ndarray, *, iterations: int = 25) -
     return b if math.isfinite(b) else 0.0
 
 
-def cross_fitted_shift(probabilities: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """``probabilities`` with their intercept refitted (:func:`fit_shift`) on ``labels``, two-fold
-    cross-fitted: the even rows are shifted by the fit on the odd rows and the odd rows by the fit on
-    the even ones, so no row is scored by a fit it took part in.
+def cross_fitted_shift(probabilities: np.ndarray, labels: np.ndarray, *, folds: int = 10) -> np.ndarray:
+    """``probabilities`` with their intercept refitted (:func:`fit_shift`) on ``labels``,
+    cross-fitted: the rows are dealt into ``folds`` folds (row ``i`` into fold ``i % folds``) and
+    each fold is shifted by the fit on the other folds, so no row is scored by a fit it took part in.
 
     What a model's scores on a slice would be once its intercept is refitted there, judged honestly
     on that slice: the promotion gate scores a candidate this way when the trainer refits each
     accepted version's intercept (``trainer.refit_intercept``), so a candidate that ranks better is
-    not refused for an intercept the refit is about to move (:mod:`trainers.incremental`).
+    not refused for an intercept the refit is about to move (:mod:`trainers.incremental`). Each fit
+    sees nine tenths of the slice, so its noise is about the refit's own; two halves made it
+    twice the refit's and, at 45 clicks a holdout, refused good candidates for it.
 
     >>> rng = np.random.default_rng(0)
     >>> z = rng.normal(-2, 1, 20_000)
@@ -100,8 +102,11 @@ def cross_fitted_shift(probabilities: np.ndarray, labels: np.ndarray) -> np.ndar
     p = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-12, 1.0 - 1e-12)
     y = np.asarray(labels, dtype=np.float64)
     z = np.log(p) - np.log1p(-p)
-    odd = np.arange(z.size) % 2 == 1
-    shift = np.where(odd, fit_shift(z[~odd], y[~odd]), fit_shift(z[odd], y[odd]))
+    fold = np.arange(z.size) % folds
+    shift = np.zeros_like(z)
+    for k in range(min(folds, z.size)):
+        rows = fold == k
+        shift[rows] = fit_shift(z[~rows], y[~rows])
     return 1.0 / (1.0 + np.exp(-(z + shift)))
 
 
