@@ -392,20 +392,16 @@ def test_the_gate_judges_a_candidate_with_the_intercept_its_refit_will_give_it(m
     assert not unrefitted.decision.accepted and unrefitted.decision.kind == "worse_than_champion"
     # 400 holdout rows: fit_shift's ridge (a few clicks' worth) keeps a little of the 1.5 logits
     assert 0.8 < judged.candidate["calibration"] < 1.25 < 2.0 < unrefitted.candidate["calibration"]
-    # the same candidate either way: its holdout AUC is its own ranking's, the halves' shifts aside
+    # the same candidate either way: its holdout AUC is its own ranking's, the folds' shifts aside
     assert judged.candidate["auc"] == unrefitted.candidate["auc"]
-
-
-def cross_fit_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(5)
-    z = rng.normal(-1.0, 1.0, n)
-    return z, (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float64)
 
 
 def test_cross_fitted_shift_scores_no_row_by_a_fit_it_took_part_in():
     """Row ``i`` is in fold ``i % 10`` and shifted by the fit on the other folds only: changing one
     fold's labels moves every other fold's scores and leaves that fold's own scores alone."""
-    z, y = cross_fit_rows(2_000)
+    rng = np.random.default_rng(5)
+    z = rng.normal(-1.0, 1.0, 2_000)
+    y = (rng.random(2_000) < 1 / (1 + np.exp(-z))).astype(np.float64)
     p = 1 / (1 + np.exp(-z))
     base = cross_fitted_shift(p, y)
     flipped = y.copy()

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-__all__ = ["IDENTITY", "apply_platt", "cross_fitted_shift", "fit_platt", "fit_shift"]
+__all__ = ["IDENTITY", "apply_platt", "cross_fitted_shift", "fit_platt", "fit_shift", "logits_of"]
 
 IDENTITY = (1.0, 0.0)
 _RIDGE = 5.0  # pseudo-observations pulling (a, b) to (1, 0): ~1 click's worth of evidence each
@@ -99,15 +99,20 @@ def cross_fitted_shift(probabilities: np.ndarray, labels: np.ndarray, *, folds: 
     >>> round(float(p.mean() / y.mean()), 1), round(float(cross_fitted_shift(p, y).mean() / y.mean()), 2)
     (1.9, 1.0)
     """
-    p = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-12, 1.0 - 1e-12)
+    z = logits_of(probabilities)
     y = np.asarray(labels, dtype=np.float64)
-    z = np.log(p) - np.log1p(-p)
     fold = np.arange(z.size) % folds
     shift = np.zeros_like(z)
     for k in range(min(folds, z.size)):
         rows = fold == k
         shift[rows] = fit_shift(z[~rows], y[~rows])
     return 1.0 / (1.0 + np.exp(-(z + shift)))
+
+
+def logits_of(probabilities: np.ndarray) -> np.ndarray:
+    """``log(p / (1 - p))`` as float64, ``p`` and ``1 - p`` kept at 1e-12 or above."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    return np.log(np.clip(p, 1e-12, 1.0)) - np.log(np.clip(1.0 - p, 1e-12, 1.0))
 
 
 def apply_platt(logits: np.ndarray, ab: tuple[float, float]) -> np.ndarray:

@@ -78,7 +78,7 @@ from pipeline.core.config import TrainerConfig
 from pipeline.core.events import LabelledExample
 from trainers.alias_guard import adopt_moved_alias, move_alias_unless_moved
 from trainers.base_rate_blend import BaseRateBlend
-from trainers.calibration import IDENTITY, apply_platt, cross_fitted_shift, fit_platt, fit_shift
+from trainers.calibration import IDENTITY, apply_platt, cross_fitted_shift, fit_platt, fit_shift, logits_of
 from trainers.encoding import EncodedBatch, Encoder
 from trainers.ftrl import FtrlLearner
 from trainers.gate import GateDecision, gate, labels_look_corrupt, paired_allowance
@@ -524,7 +524,7 @@ class IncrementalTrainer:
         # cross-fitted (no row scored by a fit it took part in). Unrefitted, a candidate that ranked
         # the holdout better was refused for the intercept its last small steps left, which the
         # refit was about to move, and its block was never learned (benchmarks/README.md).
-        # Its AUC is its own ranking's: two halves shifted apart would reorder rows across them.
+        # Its AUC is its own ranking's: folds shifted apart would reorder rows across them.
         p_gate = cross_fitted_shift(p_hold, y_hold) if self.cfg.refit_intercept else p_hold
         cand_metrics = block_metrics(y_hold, p_gate) | {"auc": auc(y_hold, p_hold), "train_loss": loss}
         # The champion's holdout scores are part of its progressive scores: no second pass.
@@ -592,8 +592,7 @@ class IncrementalTrainer:
             candidate.blend = self._next_blend(blend, blend_end, y_click, p_hold, y_hold)
             if self.cfg.shift_on_holdout:
                 # the holdout was scored before the candidate learned it, as the next block will be
-                z = np.log(np.clip(p_hold, 1e-12, 1.0)) - np.log(np.clip(1.0 - p_hold, 1e-12, 1.0))
-                _move_intercept(candidate, z, y_hold)
+                _move_intercept(candidate, logits_of(p_hold), y_hold)
             if self.cfg.learn_holdout:
                 # Gated on data it had not seen; now it learns that data too. Otherwise the freshest
                 # share of every block would never reach the served model.
