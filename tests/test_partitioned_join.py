@@ -14,7 +14,7 @@ from pipeline.core.partitioning import partition_of
 from pipeline.core.types import ManualClock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.join.partition_task import PartitionTask
-from pipeline.join.partitioned_join import PartitionedJoin
+from pipeline.join.partitioned_join import PROMISE_EVERY, PartitionedJoin
 from pipeline.sources.simulator import Simulator
 
 
@@ -91,3 +91,62 @@ def test_the_tasks_push_user_rows_only_as_in_the_daemon() -> None:
     users = join.drain_features()
     raw_users = {r.value["user_id"] for r in raw if isinstance(r.value, dict)}
     assert len({row["user_id"] for row in users}) == len(users) == len(raw_users)  # pseudonyms, 1:1
+
+
+def slow_events(n: int) -> list[RawEvent]:
+    """``n`` simulated events at 2 impressions per event-time second: windows close mid-stream."""
+    sim = dataclasses.replace(Config().simulator, events_per_s=2.0)
+    return [RawEvent(k, e, "sim", key=e["user_id"].encode()) for k, e in Simulator(sim, seed=5).stream(n)]
+
+
+def one_user(raw: list[RawEvent]) -> list[RawEvent]:
+    """The same events, all of one user (a Criteo log's "anon"): one partition gets every one."""
+    out = []
+    for r in raw:
+        assert isinstance(r.value, dict)
+        out.append(dataclasses.replace(r, value={**r.value, "user_id": "anon"}, key=b"anon"))
+    return out
+
+
+def test_a_partition_without_events_does_not_hold_back_the_others_examples() -> None:
+    cfg, raw = config(3), one_user(slow_events(6_000))
+    join = PartitionedJoin(cfg, ManualClock(0), Letters())
+    during: list[LabelledExample] = []
+    most_held = 0
+    for b in range(0, len(raw), 200):
+        during += join.step([dataclasses.replace(r) for r in raw[b : b + 200]])
+        most_held = max(most_held, join.merge.buffered)
+    after = join.finish()
+    # partitions 0 and 2 never get an event: before the promises every example waited for the end
+    assert len(during) > len(after) and len(during) + len(after) > 4_000  # the last window: at the end
+    assert most_held < 2 * PROMISE_EVERY
+    assert join.stats["examples_past_merge_promise"] == 0
+    # in the order the one partition's task gives them, fed as the daemon feeds it
+    p = partition_of("anon", 3)
+    validator = Validator(cfg.validation, ManualClock(0), lambda u: partition_of(u, 3))
+    task, offsets = PartitionTask(cfg, p), {"impression": 0, "click": 0}
+    for r in raw:
+        off, offsets[r.kind] = offsets[r.kind], offsets[r.kind] + 1
+        r = dataclasses.replace(r, partition=p, offset=off, entered_ms=r.value["ts"])  # type: ignore[index]
+        ev = validator.validate(r)
+        task.offer(r.kind, off, None if isinstance(ev, DeadLetter) else ev)
+    task.run(now=float("inf"), at_end=lambda kind: True)
+    task.joiner.flush()
+    assert [e.to_json() for e in during + after] == [e.to_json() for e in task.drain()]
+
+
+def test_an_impression_later_than_its_promise_is_counted_and_its_place_does_not_depend_on_batches() -> None:
+    cfg, raw = config(3), slow_events(4_000)
+    first = next(r for r in raw if r.kind == "impression")
+    assert isinstance(first.value, dict)
+    # a last event two hours older than the stream's start: every partition promised more by then
+    value = {**first.value, "impression_id": "late-1", "ts": first.value["ts"] - 7_200_000}
+    stream = [*raw, dataclasses.replace(first, value=value)]
+    big, _ = replay(cfg, stream, 5_000)
+    small, _ = replay(cfg, stream, 61)
+    assert [e.to_json() for e in big] == [e.to_json() for e in small]
+    assert "late-1" in {e.example_id for e in big}
+    join = PartitionedJoin(cfg, ManualClock(0), Letters())
+    join.step([dataclasses.replace(r) for r in stream])
+    join.finish()
+    assert join.stats["examples_past_merge_promise"] == 1

@@ -276,3 +276,15 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
     @property
     def open_impressions(self) -> int:
         return len(self._pending)
+
+    def oldest_open_ts(self) -> int | None:
+        """A lower bound on the impression time of every example still to come from what this joiner
+        holds (open windows, clicked impressions awaiting their conversion label); ``None``: none."""
+        bounds = []
+        end = self._pending_queue.first()
+        if end is not None:
+            bounds.append(end - self._window)
+        end = self._converting_queue.first()
+        if end is not None:  # conversion_end >= the impression + window, or its click + conv window
+            bounds.append(end - self._conv_window - self._window)
+        return min(bounds, default=None)

@@ -139,6 +139,14 @@ class PartitionTask:
     def drain(self) -> list[LabelledExample]:
         return self.joiner.drain()
 
+    def oldest_open_ts(self) -> int | None:
+        """A lower bound on the impression time of every example still to come from the events this
+        task was offered (buffered impressions, the joiner's open ones); ``None``: none."""
+        held = self.joiner.oldest_open_ts()
+        waiting = self.streams["impression"].buffer
+        oldest = min((event.ts for _, event in waiting if event is not _SKIP), default=None)
+        return oldest if held is None else held if oldest is None else min(held, oldest)
+
     @property
     def buffered(self) -> int:
         return sum(len(s.buffer) for s in self.streams.values())

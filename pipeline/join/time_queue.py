@@ -13,8 +13,8 @@ times by id, as tuples compare), which keeps the joiner's output byte-identical.
 >>> q = TimeQueue()
 >>> for t, i in [(5, "a"), (7, "b"), (6, "c"), (7, "a"), (9, "d")]:
 ...     q.push(t, i)
->>> q.due(7), len(q)
-(True, 5)
+>>> q.due(7), len(q), q.first()
+(True, 5, 5)
 >>> [q.pop() for _ in range(len(q))]
 [(5, 'a'), (6, 'c'), (7, 'a'), (7, 'b'), (9, 'd')]
 """
@@ -49,6 +49,13 @@ class TimeQueue:
         """Whether the smallest entry's time is before ``before``."""
         run, heap = self._run, self._heap
         return bool((run and run[0][0] < before) or (heap and heap[0][0] < before))
+
+    def first(self) -> int | None:
+        """The smallest entry's time (``None`` if empty), without removing it."""
+        run, heap = self._run, self._heap
+        if heap and (not run or heap[0] < run[0]):
+            return heap[0][0]
+        return run[0][0] if run else None
 
     def pop(self) -> tuple[int, str]:
         """Remove and return the smallest entry; ``IndexError`` if empty."""
