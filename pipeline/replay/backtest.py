@@ -132,6 +132,15 @@ def run_backtest(
     def on_report(r: BlockReport) -> None:
         rows.append(report.block_row(r, learners))
         progress.set_postfix_str(f"block {r.index} online AUC {r.online['auc']:.4f}", refresh=False)
+        if progress.disable and not quiet:  # no bar (not a terminal: a log, CI): a line per block
+            ftrl_auc = r.baselines.get("ftrl", {}).get("auc")
+            vs = "" if ftrl_auc is None else f", FTRL {ftrl_auc:.4f}"
+            print(
+                f"block {r.index}: {r.examples:,} examples, online AUC {r.online['auc']:.4f}{vs}, "
+                f"{'version ' + r.version if r.version else 'refused'}; {time.perf_counter() - wall0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     (out / "dead_letters.jsonl").unlink(missing_ok=True)
     dead = JsonlDeadLetters(out / "dead_letters.jsonl")
