@@ -1,0 +1,134 @@
+"""Peak memory of ``ctr backtest`` against the length of the log: does a replay hold the stream?
+
+A replay must run in memory bounded by its windows and its model, not by the length of its input:
+a day of Criteo's display log is 45.8M rows. This writes Criteo-layout logs
+(:mod:`benchmarks.criteo_like`: no user ids, so every event goes to one partition of three) of each
+``--rows`` length, runs ``ctr backtest --format criteo`` on each in a child process with the default
+config, and reads the child's peak resident memory from the kernel (``wait4``'s ``ru_maxrss``: the
+child's own peak, or the image of this process it was forked from if larger, which is kept small).
+
+Reported per length: peak RSS, wall seconds, examples/s (the backtest's own ``summary.json``), and
+over all lengths the least-squares growth in MB per 100,000 rows. ``--code DIR`` runs another
+checkout (e.g. a ``git worktree`` of an older commit) with the same logs, for a before/after in one
+sitting.
+
+    python benchmarks/replay_memory.py [--rows 100000,300000,1000000] [--code DIR] [--out FILE]
+
+Writes ``benchmarks/results/replay-memory.json``. Needs no services (the backtest's registry is a
+local file); about 5 minutes at the default lengths on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.criteo_like import INTERACTION, generate, write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def peak_rss_run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[int, float, int]:
+    """Run ``cmd`` in ``cwd``; its exit status, wall seconds and peak resident memory (MB, ``wait4``)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.perf_counter() - started, round(usage.ru_maxrss / 1024)  # KiB -> MiB
+
+
+def growth_per_100k(rows: list[int], mb: list[int]) -> float | None:
+    """Least-squares slope of peak MB against rows, per 100,000 rows."""
+    if len(rows) < 2:
+        return None
+    n, mx, my = len(rows), sum(rows) / len(rows), sum(mb) / len(mb)
+    sxx = sum((x - mx) ** 2 for x in rows)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(rows, mb, strict=True))
+    return round(sxy / sxx * 100_000, 1) if n and sxx else None
+
+
+def commit_of(code: Path) -> str:
+    out = subprocess.run(
+        ["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="100000,300000,1000000", help="log lengths, comma-separated")
+    ap.add_argument("--seed", type=int, default=9)
+    ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose ctr backtest runs")
+    ap.add_argument("--out", type=Path, default=RESULTS / "replay-memory.json")
+    args = ap.parse_args(argv)
+    lengths = sorted(int(r) for r in args.rows.split(","))
+    code = args.code.resolve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTR_")}
+    env["PYTHONPATH"] = str(code)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="replay-memory-") as tmp:
+        longest = Path(tmp) / "log.txt"
+        labels, counts, values = generate(args.seed, lengths[-1], INTERACTION)
+        write(longest, labels, counts, values)
+        # a child's ru_maxrss also counts this process's image it was forked from: keep it small
+        del labels, counts, values
+        print(f"code {code} ({commit_of(code)}); Criteo-layout log, seed {args.seed}", flush=True)
+        for rows in lengths:
+            log, out = Path(tmp) / f"log-{rows}.txt", Path(tmp) / f"bt-{rows}"
+            with longest.open() as src, log.open("w") as dst:
+                dst.writelines(itertools.islice(src, rows))
+            cmd = [sys.executable, "-c", "from pipeline.ops.cli import main; raise SystemExit(main())"]
+            cmd += ["backtest", "--source", str(log), "--format", "criteo", "--out", str(out)]
+            rc, wall, mb = peak_rss_run(cmd, env, code)  # python -c puts the cwd first
+            if rc != 0:
+                print(f"ctr backtest failed on {rows:,} rows (exit {rc})", file=sys.stderr)
+                return 1
+            summary = json.loads((out / "summary.json").read_text())
+            run = {
+                "rows": rows,
+                "events": summary["events"],
+                "examples": summary["examples"],
+                "blocks": summary["blocks"],
+                "peak_rss_mb": mb,
+                "wall_s": round(wall, 1),
+                "examples_per_s": round(summary["examples_per_s"]),
+                "online_auc_blocks2": summary.get("learners", {}).get("online", {}).get("auc"),
+            }
+            runs.append(run)
+            print(
+                f"{rows:>10,} rows: peak RSS {mb:>6,} MB, {wall:6.1f} s, {run['examples_per_s']:,} examples/s"
+            )
+    slope = growth_per_100k([r["rows"] for r in runs], [r["peak_rss_mb"] for r in runs])
+    print(f"growth: {slope} MB per 100,000 rows")
+    result = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "code": str(code),
+            "commit": commit_of(code),
+            "log": f"benchmarks/criteo_like.py --seed {args.seed} (prefixes of one log)",
+            "config": "defaults (3 partitions, blocks of 100,000, DeepFM)",
+            "cpus": os.cpu_count(),
+            "load_avg_1m_before": os.getloadavg()[0],
+        },
+        "runs": runs,
+        "growth_mb_per_100k_rows": slope,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""benchmarks/replay_memory.py: the peak memory it reads is the child's, and it runs end to end
+(two short Criteo-layout logs through ``ctr backtest``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.replay_memory import growth_per_100k, main, peak_rss_run
+
+
+def test_the_peak_is_the_childs_own() -> None:
+    env, here = dict(os.environ), Path.cwd()
+    touch = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    big = peak_rss_run([sys.executable, "-c", touch], env, here)
+    small = peak_rss_run([sys.executable, "-c", "pass"], env, here)
+    assert small[0] == big[0] == 0
+    assert big[2] >= 300  # MB: the 300 MiB the child touched
+    assert small[2] < 250  # its own peak, not the largest of every child's so far (RUSAGE_CHILDREN)
+
+
+def test_growth_is_the_least_squares_slope_per_100k_rows() -> None:
+    assert growth_per_100k([100_000, 300_000, 1_000_000], [1_000, 1_200, 1_900]) == pytest.approx(
+        100.0, abs=0.5
+    )
+    assert growth_per_100k([100_000], [1_000]) is None
+
+
+def test_it_replays_each_length_and_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "replay-memory.json"
+    assert main(["--rows", "3000,1500", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [run["rows"] for run in r["runs"]] == [1_500, 3_000]
+    for run in r["runs"]:
+        assert run["examples"] == run["rows"] and run["peak_rss_mb"] > 100 and run["blocks"] >= 1
+    assert r["growth_mb_per_100k_rows"] is not None and r["meta"]["commit"]
