@@ -4,8 +4,9 @@ A replay must run in memory bounded by its windows and its model, not by the len
 a day of Criteo's display log is 45.8M rows. This writes Criteo-layout logs
 (:mod:`benchmarks.criteo_like`: no user ids, so every event goes to one partition of three) of each
 ``--rows`` length, runs ``ctr backtest --format criteo`` on each in a child process with the default
-config, and reads the child's peak resident memory from the kernel (``wait4``'s ``ru_maxrss``: the
-child's own peak, or the image of this process it was forked from if larger, which is kept small).
+config, and reads the child's peak resident memory: ``VmHWM`` of its own address space, which the
+child reads from ``/proc/self/status`` as it exits. (``wait4``'s ``ru_maxrss`` would not do: Linux
+carries into it the peak of the address space the child was spawned from, i.e. of this process.)
 
 Reported per length: peak RSS, wall seconds, examples/s (the backtest's own ``summary.json``), and
 over all lengths the least-squares growth in MB per 100,000 rows. ``--code DIR`` runs another
@@ -39,13 +40,32 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def peak_rss_run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[int, float, int]:
-    """Run ``cmd`` in ``cwd``; its exit status, wall seconds and peak resident memory (MB, ``wait4``)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, time.perf_counter() - started, round(usage.ru_maxrss / 1024)  # KiB -> MiB
+# run first in the child: at exit, its own peak resident memory (kB) to the file the parent named
+_REPORT_PEAK = """
+import atexit, os
+def _report_peak():
+    with open("/proc/self/status") as status:
+        kb = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["REPLAY_MEMORY_PEAK_FILE"], "w") as out:
+        out.write(kb)
+atexit.register(_report_peak)
+"""
+
+
+def peak_rss_run(code: str, args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, float, int]:
+    """``python -c code args`` in ``cwd``: its exit status, wall seconds and peak resident memory (MB)."""
+    with tempfile.TemporaryDirectory(prefix="peak-") as tmp:
+        report = Path(tmp) / "vmhwm_kb"
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", _REPORT_PEAK + code, *args],
+            env={**env, "REPLAY_MEMORY_PEAK_FILE": str(report)},
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+        )
+        wall = time.perf_counter() - started
+        kb = int(report.read_text()) if report.exists() else 0
+    return done.returncode, wall, round(kb / 1024)
 
 
 def growth_per_100k(rows: list[int], mb: list[int]) -> float | None:
@@ -81,16 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         longest = Path(tmp) / "log.txt"
         labels, counts, values = generate(args.seed, lengths[-1], INTERACTION)
         write(longest, labels, counts, values)
-        # a child's ru_maxrss also counts this process's image it was forked from: keep it small
         del labels, counts, values
         print(f"code {code} ({commit_of(code)}); Criteo-layout log, seed {args.seed}", flush=True)
         for rows in lengths:
             log, out = Path(tmp) / f"log-{rows}.txt", Path(tmp) / f"bt-{rows}"
             with longest.open() as src, log.open("w") as dst:
                 dst.writelines(itertools.islice(src, rows))
-            cmd = [sys.executable, "-c", "from pipeline.ops.cli import main; raise SystemExit(main())"]
-            cmd += ["backtest", "--source", str(log), "--format", "criteo", "--out", str(out)]
-            rc, wall, mb = peak_rss_run(cmd, env, code)  # python -c puts the cwd first
+            cli = "from pipeline.ops.cli import main; raise SystemExit(main())"
+            backtest = ["backtest", "--source", str(log), "--format", "criteo", "--out", str(out)]
+            rc, wall, mb = peak_rss_run(cli, backtest, env, code)  # python -c puts the cwd first
             if rc != 0:
                 print(f"ctr backtest failed on {rows:,} rows (exit {rc})", file=sys.stderr)
                 return 1
