@@ -25,6 +25,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,10 +73,7 @@ def growth_per_100k(rows: list[int], mb: list[int]) -> float | None:
     """Least-squares slope of peak MB against rows, per 100,000 rows."""
     if len(rows) < 2:
         return None
-    n, mx, my = len(rows), sum(rows) / len(rows), sum(mb) / len(mb)
-    sxx = sum((x - mx) ** 2 for x in rows)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(rows, mb, strict=True))
-    return round(sxy / sxx * 100_000, 1) if n and sxx else None
+    return round(statistics.linear_regression(rows, mb).slope * 100_000, 1)
 
 
 def commit_of(code: Path) -> str:

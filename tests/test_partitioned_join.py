@@ -54,32 +54,41 @@ def test_examples_and_their_order_do_not_depend_on_batch_sizes(partitions: int) 
     assert [d.to_json() for d in dead_big] == [d.to_json() for d in dead_small]
 
 
-def test_the_replay_gives_what_the_daemons_tasks_give_fed_partition_by_partition() -> None:
-    cfg, raw = config(3), events()
-    replayed, _ = replay(cfg, raw, 500)
-    # the daemon: each partition's records as Kafka holds them, fed in chunks of random sizes
-    validator = Validator(cfg.validation, ManualClock(0), lambda u: partition_of(u, 3))
-    per_partition: dict[int, list[RawEvent]] = {p: [] for p in range(3)}
-    offsets = {(k, p): 0 for k in ("impression", "click") for p in range(3)}
+def as_kafka_holds(raw: list[RawEvent], partitions: int) -> dict[int, list[RawEvent]]:
+    """Each partition's records, with their offsets, as Kafka holds them."""
+    per_partition: dict[int, list[RawEvent]] = {p: [] for p in range(partitions)}
+    offsets = {(k, p): 0 for k in ("impression", "click") for p in range(partitions)}
     for r in raw:
-        p = partition_of(r.key.decode(), 3)  # type: ignore[union-attr]
+        p = partition_of(r.key.decode(), partitions)  # type: ignore[union-attr]
         off, offsets[r.kind, p] = offsets[r.kind, p], offsets[r.kind, p] + 1
         ts = r.value["ts"]  # type: ignore[index]
         per_partition[p].append(dataclasses.replace(r, partition=p, offset=off, entered_ms=ts))
+    return per_partition
+
+
+def fed_as_the_daemon(cfg: Config, p: int, records: list[RawEvent], rng: random.Random) -> list[bytes]:
+    """Partition ``p``'s task fed ``records`` in chunks of random sizes, then run to its end."""
+    validator = Validator(cfg.validation, ManualClock(0), lambda u: partition_of(u, cfg.kafka.partitions))
+    task = PartitionTask(cfg, p)
+    while records:
+        n = rng.randrange(1, 300)
+        for r in records[:n]:
+            ev = validator.validate(r)
+            task.offer(r.kind, r.offset, None if isinstance(ev, DeadLetter) else ev)
+        records = records[n:]
+        task.run(at_end=lambda kind: False)
+    task.run(now=float("inf"), at_end=lambda kind: True)
+    task.joiner.flush()
+    return [e.to_json() for e in task.drain()]
+
+
+def test_the_replay_gives_what_the_daemons_tasks_give_fed_partition_by_partition() -> None:
+    cfg, raw = config(3), events()
+    replayed, _ = replay(cfg, raw, 500)
     rng = random.Random(1)
     daemon: list[bytes] = []
-    for p, records in per_partition.items():
-        task = PartitionTask(cfg, p)
-        while records:
-            n = rng.randrange(1, 300)
-            for r in records[:n]:
-                ev = validator.validate(r)
-                task.offer(r.kind, r.offset, None if isinstance(ev, DeadLetter) else ev)
-            records = records[n:]
-            task.run(at_end=lambda kind: False)
-        task.run(now=float("inf"), at_end=lambda kind: True)
-        task.joiner.flush()
-        daemon += [e.to_json() for e in task.drain()]
+    for p, records in as_kafka_holds(raw, 3).items():
+        daemon += fed_as_the_daemon(cfg, p, records, rng)
     assert sorted(e.to_json() for e in replayed) == sorted(daemon) and len(daemon) > 1_000
 
 
@@ -123,16 +132,8 @@ def test_a_partition_without_events_does_not_hold_back_the_others_examples() -> 
     assert join.stats["examples_past_merge_promise"] == 0
     # in the order the one partition's task gives them, fed as the daemon feeds it
     p = partition_of("anon", 3)
-    validator = Validator(cfg.validation, ManualClock(0), lambda u: partition_of(u, 3))
-    task, offsets = PartitionTask(cfg, p), {"impression": 0, "click": 0}
-    for r in raw:
-        off, offsets[r.kind] = offsets[r.kind], offsets[r.kind] + 1
-        r = dataclasses.replace(r, partition=p, offset=off, entered_ms=r.value["ts"])  # type: ignore[index]
-        ev = validator.validate(r)
-        task.offer(r.kind, off, None if isinstance(ev, DeadLetter) else ev)
-    task.run(now=float("inf"), at_end=lambda kind: True)
-    task.joiner.flush()
-    assert [e.to_json() for e in during + after] == [e.to_json() for e in task.drain()]
+    daemon = fed_as_the_daemon(cfg, p, as_kafka_holds(raw, 3)[p], random.Random(1))
+    assert [e.to_json() for e in during + after] == daemon
 
 
 def test_an_impression_later_than_its_promise_is_counted_and_its_place_does_not_depend_on_batches() -> None:

@@ -22,6 +22,7 @@ statistics are not counted here: a task sees 1/P of an item's traffic. They are 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -142,10 +143,9 @@ class PartitionTask:
     def oldest_open_ts(self) -> int | None:
         """A lower bound on the impression time of every example still to come from the events this
         task was offered (buffered impressions, the joiner's open ones); ``None``: none."""
+        waiting = (event.ts for _, event in self.streams["impression"].buffer if event is not _SKIP)
         held = self.joiner.oldest_open_ts()
-        waiting = self.streams["impression"].buffer
-        oldest = min((event.ts for _, event in waiting if event is not _SKIP), default=None)
-        return oldest if held is None else held if oldest is None else min(held, oldest)
+        return min(waiting if held is None else itertools.chain(waiting, (held,)), default=None)
 
     @property
     def buffered(self) -> int:

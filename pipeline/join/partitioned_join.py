@@ -92,16 +92,18 @@ class PartitionedJoin:
             self._events += 1
             if not self._events % PROMISE_EVERY:
                 out += self._promise()
-        for task in tasks:
-            task.run(at_end=_never)
-            self._drain(task)
+        self._run_tasks()
         return out + self.merge.pop()
 
-    def _promise(self) -> list[LabelledExample]:
-        """Every task promises the merge its bound (see the module docstring); what that frees."""
+    def _run_tasks(self) -> None:
+        """Each task processes what it can; its examples and rejections go to the merge and sink."""
         for task in self.tasks:
             task.run(at_end=_never)
             self._drain(task)
+
+    def _promise(self) -> list[LabelledExample]:
+        """Every task promises the merge its bound (see the module docstring); what that frees."""
+        self._run_tasks()
         horizon = max(task.joiner.max_ts for task in self.tasks) - self._horizon_ms
         for task in self.tasks:
             held = task.oldest_open_ts()
