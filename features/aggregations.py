@@ -18,6 +18,16 @@ in-order event is one add on the list's last element. Buckets older than the lon
 ``cfg.max_lateness_s`` behind the entity's newest bucket are expired (folded into ``base``); a
 later event than that is dropped and counted in :attr:`StreamingFeatures.late_dropped`.
 
+Forgetting (``cfg.forget_idle_s`` F > 0): :meth:`StreamingFeatures.forget_idle` drops every entity
+whose newest event is more than F behind a watermark, so the state holds the entities seen lately,
+not every one ever seen. An entity's counters and sequence are invisible to a lookup at least
+M = max(longest window, ``sequence_ttl_s``) after its newest event, where a forgotten and a fresh
+entity look the same; and a newer event of a forgotten entity starts a fresh one that counts as the
+old one would. So forgetting changes the features of no event less than F - M behind the watermark
+(8 days by default). A lookup of an entity not held, earlier than M past the newest horizon
+forgotten, is counted (:attr:`StreamingFeatures.past_forget`): an upper bound on the events whose
+features forgetting may have changed.
+
 Behaviour sequences (``cfg.sequence_length`` K > 0): per user, the last K clicked items and their
 click times, in two list features, :data:`SEQUENCE_NAMES` (newest first). A lookup at ``ts`` shows
 the clicks recorded so far with a time in ``(ts - sequence_ttl_s, ts]``: the same rule,
@@ -44,11 +54,13 @@ from pipeline.core.config import FeatureConfig
 
 __all__ = [
     "FEATURE_NAMES",
+    "FORGET_EVERY_MS",
     "SEQUENCE_NAMES",
     "FeatureRow",
     "StreamingFeatures",
     "entity_feature_names",
     "feature_names",
+    "next_forget_at",
     "visible_sequence",
 ]
 
@@ -61,6 +73,9 @@ _IMP = 1 << 40  # +1 impression
 _CLICK = 1  # +1 click
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _STATE_VERSION = 1
+# callers of forget_idle call it when their watermark passes a whole day (UTC): a sweep walks every
+# entity held, so once a day costs a few checks an event where once an hour cost tens
+FORGET_EVERY_MS = 86_400_000
 
 
 def _label(seconds: int) -> str:
@@ -84,6 +99,13 @@ def feature_names(windows_s: Sequence[int]) -> tuple[str, ...]:
 
 FEATURE_NAMES: tuple[str, ...] = feature_names(FeatureConfig().windows_s)
 SEQUENCE_NAMES = ("user_clicked_items", "user_clicked_ts")  # list features: item ids, click times (ms)
+
+
+def next_forget_at(watermark_ms: int) -> int:
+    """When :meth:`StreamingFeatures.forget_idle` is next due: the first whole day (UTC) after
+    ``watermark_ms``. A place fixed by event time, so a replay and a restore forget where the first
+    run did."""
+    return (watermark_ms // FORGET_EVERY_MS + 1) * FORGET_EVERY_MS
 
 
 def visible_sequence(
@@ -132,6 +154,13 @@ class StreamingFeatures:
                 f"features: need ctr_prior_clicks > 0 and 0 < ctr_prior_rate < 1, got "
                 f"{cfg.ctr_prior_clicks} and {cfg.ctr_prior_rate}"
             )
+        visible_s = max(max(cfg.windows_s), cfg.sequence_ttl_s if cfg.sequence_length else 0)
+        if cfg.forget_idle_s and cfg.forget_idle_s < visible_s + cfg.max_lateness_s:
+            raise ValueError(
+                f"features: forget_idle_s={cfg.forget_idle_s} would forget entities whose counters or "
+                f"sequence an in-order event still sees: set it to at least {visible_s + cfg.max_lateness_s} "
+                "(the longest window or sequence_ttl_s, plus max_lateness_s), or 0 to never forget"
+            )
         self.cfg = cfg
         self.windows_s = tuple(int(w) for w in cfg.windows_s)
         self.user_names = entity_feature_names("user", self.windows_s)
@@ -155,6 +184,11 @@ class StreamingFeatures:
         self.sequence_names = SEQUENCE_NAMES if self._seq_len else ()
         self._seqs: dict[str, list[tuple[int, str]]] = {}  # user -> (click ts, item), oldest first
         self.late_dropped = 0  # entity updates dropped: older than the retention behind its newest
+        self._forget_ms, self._visible_ms = cfg.forget_idle_s * 1_000, visible_s * 1_000
+        self.forgotten = 0  # entities forgotten (forget_idle)
+        self.forgot_before = 0  # the newest horizon forgotten: entities whose newest event was older
+        self.past_forget = 0  # lookups of an entity not held, earlier than visible_s past that horizon
+        self._suspect_below = 0  # the bucket of forgot_before + visible_s: lookups before it are counted
 
     # -- hot path --------------------------------------------------------------------------------
     def lookup(self, user_id: str, item_id: str, ts_ms: int) -> dict[str, Any]:
@@ -228,6 +262,8 @@ class StreamingFeatures:
     def _values(self, ent: _Entity | None, b: int) -> list[float]:
         """impressions, clicks, ctr per window ending at bucket ``b``; inlined for speed (hot path)."""
         if ent is None:
+            if b < self._suspect_below:
+                self.past_forget += 1
             return self._zero[:]
         dq, base = ent.buckets, ent.base
         last = dq[-1]
@@ -278,6 +314,40 @@ class StreamingFeatures:
             ent.last_ts = ts_ms
         dirty.add(key)
 
+    # -- forgetting ------------------------------------------------------------------------------
+    def forget_idle(self, watermark_ms: int) -> list[str]:
+        """Forget every user and item whose newest event is more than ``forget_idle_s`` behind
+        ``watermark_ms`` (see the module docstring); the users forgotten (none if it is 0)."""
+        if not self._forget_ms:
+            return []
+        before = watermark_ms - self._forget_ms
+        users = self._forget(self._users, self._dirty_users, 0, before)
+        for user in users:
+            self._seqs.pop(user, None)
+        self._forget(self._items, self._dirty_items, 1, before)
+        if before > self.forgot_before:
+            self.forgot_before = before
+            self._suspect_below = -(-(before + self._visible_ms) // self._bucket_ms)
+        return users
+
+    def _forget(self, table: dict[str, _Entity], dirty: set[str], kind: int, before: int) -> list[str]:
+        gone = [ident for ident, ent in table.items() if ent.last_ts < before]
+        for ident in gone:
+            del table[ident]
+        if gone:
+            dirty.difference_update(gone)  # a row of stale counters: serving has one just as stale
+            if self._changed is not None:  # their records are deleted (take_changes: None)
+                self._changed[kind].update(gone)
+            self.forgotten += len(gone)
+        return gone
+
+    def has_user(self, user_id: str) -> bool:
+        return user_id in self._users
+
+    @property
+    def users_held(self) -> int:
+        return len(self._users)
+
     # -- pushing and checkpoints -----------------------------------------------------------------
     def defaults(self) -> dict[str, Any]:
         """Features of a (user, item) never seen: counts 0, CTR = the prior."""
@@ -307,19 +377,17 @@ class StreamingFeatures:
         ``everything``: count every entity held now as changed (a first incremental checkpoint)."""
         self._changed = (set(self._users), set(self._items)) if everything else (set(), set())
 
-    def take_changes(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-        """Users and items changed since the last call, as :meth:`to_state` writes them. Changed
-        rows must have been pushed first (:meth:`drain_dirty`): the changes do not say "dirty"."""
+    def take_changes(self) -> tuple[dict[str, list[int] | None], dict[str, list[int] | None]]:
+        """Users and items changed since the last call, as :meth:`to_state` writes them (``None``:
+        forgotten since). Changed rows must have been pushed first (:meth:`drain_dirty`): the
+        changes do not say "dirty"."""
         if self._changed is None:
             raise RuntimeError("StreamingFeatures.take_changes: call track_changes() first")
         if self._dirty_users or self._dirty_items:
             raise RuntimeError("StreamingFeatures.take_changes: drain_dirty() (push) before checkpointing")
         users, items = self._changed
         self._changed = (set(), set())
-        return (
-            {u: _flat(self._users[u]) for u in sorted(users)},
-            {i: _flat(self._items[i]) for i in sorted(items)},
-        )
+        return _flat_or_none(self._users, users), _flat_or_none(self._items, items)
 
     def _drain(
         self, table: dict[str, _Entity], dirty: set[str], key: str, names: tuple[str, ...]
@@ -343,14 +411,12 @@ class StreamingFeatures:
             return {ident: _flat(e) for ident, e in table.items()}
 
         return {
-            "version": _STATE_VERSION,
-            "bucket_s": self.cfg.bucket_s,
+            **self.header,
             "users": dump(self._users),
             "items": dump(self._items),
             "sequences": {u: _flat_sequence(seq) for u, seq in self._seqs.items()},
             "dirty_users": sorted(self._dirty_users),
             "dirty_items": sorted(self._dirty_items),
-            "late_dropped": self.late_dropped,
         }
 
     def user_state(self, user_id: str) -> list[int] | None:
@@ -366,7 +432,14 @@ class StreamingFeatures:
     @property
     def header(self) -> dict[str, Any]:
         """The state besides the entities (:meth:`to_state` without users, items and dirty sets)."""
-        return {"version": _STATE_VERSION, "bucket_s": self.cfg.bucket_s, "late_dropped": self.late_dropped}
+        return {
+            "version": _STATE_VERSION,
+            "bucket_s": self.cfg.bucket_s,
+            "late_dropped": self.late_dropped,
+            "forgotten": self.forgotten,
+            "forgot_before": self.forgot_before,
+            "past_forget": self.past_forget,
+        }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], cfg: FeatureConfig) -> StreamingFeatures:
@@ -396,7 +469,17 @@ class StreamingFeatures:
                 sf._seqs[user] = pairs[-sf._seq_len :]
         sf._dirty_users, sf._dirty_items = set(state["dirty_users"]), set(state["dirty_items"])
         sf.late_dropped = int(state.get("late_dropped", 0))
+        sf.forgotten, sf.past_forget = int(state.get("forgotten", 0)), int(state.get("past_forget", 0))
+        before = int(state.get("forgot_before", 0))  # absent: written before forgetting
+        if before:
+            sf.forgot_before = before
+            sf._suspect_below = -(-(before + sf._visible_ms) // sf._bucket_ms)
         return sf
+
+
+def _flat_or_none(table: dict[str, _Entity], idents: set[str]) -> dict[str, list[int] | None]:
+    """:func:`_flat` of each of ``idents`` (sorted), ``None`` for one no longer held."""
+    return {i: None if (e := table.get(i)) is None else _flat(e) for i in sorted(idents)}
 
 
 def _flat_sequence(seq: list[tuple[int, str]]) -> list[Any]:

@@ -43,7 +43,7 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
-from features.aggregations import FeatureRow, StreamingFeatures
+from features.aggregations import FeatureRow, StreamingFeatures, next_forget_at
 from pipeline.core.config import Config, FeatureConfig
 from pipeline.core.events import LabelledExample
 
@@ -66,6 +66,7 @@ class ItemStage:
         self._waiting: list[tuple[int, str, str, int]] = []
         # what clicked examples whose correction is still to come were given, by impression id
         self._to_correct: dict[str, dict[str, float]] = {}
+        self._next_forget = 0  # when idle items are next forgotten (next_forget_at)
 
     @classmethod
     def of(cls, cfg: Config, state: Mapping[str, Any] | None = None) -> ItemStage:
@@ -100,6 +101,9 @@ class ItemStage:
         while waiting and waiting[0][0] < visible_ms:
             ts, _, item, label = heapq.heappop(waiting)
             stats.record_item(item, ts, bool(label))
+        if visible_ms >= self._next_forget:  # lookups never go back before visible_ms: exact
+            self._next_forget = next_forget_at(visible_ms)
+            stats.forget_idle(visible_ms)
 
     def drain_rows(self) -> list[FeatureRow]:
         """The items whose counts changed since the last call, as rows for the online store."""
@@ -114,6 +118,7 @@ class ItemStage:
             "features": self.stats.to_state(),
             "waiting": sorted(self._waiting),
             "to_correct": self._to_correct,
+            "next_forget": self._next_forget,
         }
 
     @classmethod
@@ -131,6 +136,7 @@ class ItemStage:
         stage = cls(cfg, delay_ms, corrections)
         stage.stats = StreamingFeatures.from_state(state["features"], cfg)
         stage._to_correct = dict(state.get("to_correct", {}))
+        stage._next_forget = int(state.get("next_forget", 0))
         stage._waiting = [(int(t), str(i), str(item), int(y)) for t, i, item, y in state["waiting"]]
         heapq.heapify(stage._waiting)
         return stage

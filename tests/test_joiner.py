@@ -143,6 +143,12 @@ class RecordingFeatures:
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None:
         self.clicks[user_id] = self.clicks.get(user_id, 0) + 1
 
+    def forget_idle(self, watermark_ms: int) -> list[str]:
+        return []  # counts forever
+
+    def has_user(self, user_id: str) -> bool:
+        return user_id in self.imps
+
 
 def test_examples_carry_features_from_before_their_own_impression() -> None:
     j = Joiner(JoinerConfig(attribution_window_s=900, watermark_lag_s=0), features=RecordingFeatures())

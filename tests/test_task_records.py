@@ -37,6 +37,7 @@ def canonical(state: dict) -> str:
     """``to_state`` with its lists in a fixed order (dict order is not part of the state)."""
     state = json.loads(json.dumps(state))
     state["joiner"].pop("owners", None)  # whose finalised ids: the changelog bookkeeping
+    state["joiner"].pop("stale", None)  # records to delete: the changelog bookkeeping too
     state["joiner"]["pending"].sort(key=lambda p: p[0]["impression_id"])
     state["joiner"]["early"].sort(key=lambda c: c["impression_id"])
     return json.dumps(state, sort_keys=True)

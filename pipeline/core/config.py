@@ -119,6 +119,12 @@ class FeatureConfig(Section):
     # attached point-in-time like the counters, pushed to Feast as list features, read by serving
     sequence_length: SequenceLength = 0
     sequence_ttl_s: Count = 7 * 86_400  # a click older than this (at the impression's time) drops out
+    # a user (an item, where items are counted) with no event this long behind the watermark is
+    # forgotten: its counters and sequence leave the state, its changelog record is deleted. At least
+    # the longest window + max_lateness_s and sequence_ttl_s + max_lateness_s (forgetting then changes
+    # no feature of an event less than this - max(longest window, sequence_ttl_s) behind; default: 8
+    # days, more than validation.max_past_age_s lets in). 0 = never (the state grows with the users)
+    forget_idle_s: Natural = 15 * 86_400
     repo_path: str = ""  # Feast repository; empty = the bundled features/repo with a per-run store
     project: str = "ctr"  # Feast project name (each replay gets its own store folder)
 

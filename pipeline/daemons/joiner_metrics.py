@@ -97,3 +97,10 @@ class JoinerMetrics:
             "ctr_joiner_corrections_total", "clicked examples re-emitted with their conversion label"
         ).set(sum(s.corrections for s in stats))
         m.gauge("ctr_joiner_partitions", "partition tasks held").set(len(d.tasks))
+        features = [t.features for t in list(d.tasks.values())]
+        m.gauge(
+            "ctr_joiner_users_held", "users whose counters the partition tasks hold (the idle are forgotten)"
+        ).set(sum(f.users_held for f in features))
+        m.counter(
+            "ctr_joiner_users_forgotten_total", "users forgotten, idle past features.forget_idle_s"
+        ).set(sum(f.forgotten for f in features))

@@ -20,6 +20,7 @@ Rules (../shared/DESIGN.md, "Attribution"):
 - Conversions (``conversion_window_s > 0``; :mod:`pipeline.join.conversions`): a clicked
   impression is held until its click's conversion window closes and then emitted a second time, as
   a correction carrying its final conversion label.
+- Users idle past ``features.forget_idle_s`` are forgotten daily (:meth:`JoinerCheckpoints._forget_idle`).
 
 Features are point-in-time: the streaming features of an impression are looked up *before* that
 impression updates them, kept with the pending impression, and attached to its example. Only
@@ -43,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from features.aggregations import next_forget_at
 from pipeline.core.config import JoinerConfig
 from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.conversions import ConversionJoin
@@ -61,6 +63,10 @@ class FeatureTracker(Protocol):
     def record_impression(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
 
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None: ...
+
+    def forget_idle(self, watermark_ms: int) -> list[str]: ...  # the users forgotten
+
+    def has_user(self, user_id: str) -> bool: ...
 
 
 @dataclass
@@ -93,6 +99,8 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
         self.changed: set[str] | None = None
         self._owned: dict[str, dict[str, None]] = {}
         self._loaded_owners: dict[str, str] = {}  # finalised id -> user, from load_state
+        self._loaded_stale: list[str] = []  # users whose records hold nothing any more, from load_state
+        self._next_forget = next_forget_at(self.watermark)
 
     @property
     def watermark(self) -> int:
@@ -122,6 +130,8 @@ class Joiner(JoinerCheckpoints, ConversionJoin):
                 or self._converting_queue.due(wm)
             ):
                 self.advance(wm)
+            if wm >= self._next_forget:
+                self._forget_idle(wm)
         if isinstance(event, Impression):
             self._impression(event)
         elif isinstance(event, Click):

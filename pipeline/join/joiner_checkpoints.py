@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from features.aggregations import next_forget_at
 from pipeline.core import fast_json
 from pipeline.core.events import Click, Impression
 from pipeline.join.stats import JoinStats, Rejection
@@ -36,6 +37,9 @@ class JoinerCheckpoints:
     changed: set[str] | None
     _owned: dict[str, dict[str, None]]
     _loaded_owners: dict[str, str]
+    _loaded_stale: list[str]
+    _next_forget: int
+    features: Any  # Joiner's FeatureTracker (forget_idle, has_user), or None
     _pending: dict[str, _Pending]
     _pending_queue: TimeQueue
     _early: dict[str, Click]
@@ -79,6 +83,8 @@ class JoinerCheckpoints:
         for iid, c in self._early.items():
             self._owned.setdefault(c.user_id, {})[iid] = None
         self.changed = set(self._owned) if everything else set()
+        self.changed.update(self._loaded_stale)  # records that hold nothing: deleted next checkpoint
+        self._loaded_stale = []
 
     def _own(self, user: str, iid: str) -> None:
         self._owned.setdefault(user, {})[iid] = None
@@ -95,29 +101,53 @@ class JoinerCheckpoints:
         (:func:`pipeline.join.task_records.state_from_records`), so neither needs a write of its own.
         Ids of other users' entries (a reused id) are pruned."""
         owned = self._owned.get(user)
-        if not owned:
+        if not owned or not self._holds(user, owned):
+            self._owned.pop(user, None)
             return []
         out: list[bytes] = []
-        for iid in list(owned):
+        for iid in owned:
             pending = self._pending.get(iid)
             if pending is not None and pending.impression.user_id == user:
                 if pending.entry is None:
                     entry = ["p", *_pending_fields(pending)]
                     pending.entry = fast_json.dumps(entry)
                 out.append(pending.entry)
-                continue
-            click = self._early.get(iid)
-            if click is not None and click.user_id == user:
+            elif (click := self._early.get(iid)) is not None and click.user_id == user:
                 out.append(fast_json.dumps(["e", click.to_dict()]))
-                continue
-            done = self._done.get(iid)
-            if done is not None and pending is None and click is None:
-                out.append(fast_json.dumps(["d", iid, done]))
-                continue
-            del owned[iid]  # forgotten, or another user's now
-        if not owned:
-            del self._owned[user]
+            else:
+                out.append(fast_json.dumps(["d", iid, self._done[iid]]))
         return out
+
+    def _forget_idle(self, wm: int) -> None:
+        """At a UTC midnight of the watermark (a place fixed by the events, so a replay and a
+        restore forget where the first run did): forget the users idle past
+        ``features.forget_idle_s`` and the notes of which ids users own once none is held. With
+        changes tracked, each user whose record then holds nothing is marked changed: the next
+        checkpoint deletes the record (:func:`pipeline.join.task_records.changes`)."""
+        self._next_forget = next_forget_at(wm)
+        gone = self.features.forget_idle(wm) if self.features is not None else []
+        if self.changed is None:
+            return
+        self.changed.update(gone)  # their records: rewritten without the counters, or deleted
+        for user in [u for u, ids in self._owned.items() if not self._holds(u, ids)]:
+            del self._owned[user]
+            if self.features is None or not self.features.has_user(user):
+                self.changed.add(user)
+
+    def _holds(self, user: str, owned: dict[str, None]) -> bool:
+        """Drop from ``owned`` the ids of which nothing of ``user``'s is held any more (forgotten,
+        or another user's now); whether any is left."""
+        for iid in list(owned):
+            pending = self._pending.get(iid)
+            if pending is not None:
+                mine = pending.impression.user_id == user
+            elif (click := self._early.get(iid)) is not None:
+                mine = click.user_id == user
+            else:
+                mine = iid in self._done
+            if not mine:
+                del owned[iid]
+        return bool(owned)
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`to_state` output into a fresh joiner (same config)."""
@@ -142,6 +172,8 @@ class JoinerCheckpoints:
         self._early_queue = TimeQueue((c.ts + self._hold, iid) for iid, c in self._early.items())
         self._done = dict(state["done"])
         self._loaded_owners = dict(state.get("owners", {}))  # for track_changes
+        self._loaded_stale = list(state.get("stale", ()))
+        self._next_forget = next_forget_at(wm)
         self._done_queue = TimeQueue((abs(v), iid) for iid, v in self._done.items())
 
 

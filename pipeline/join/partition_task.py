@@ -52,6 +52,12 @@ class UserFeatures:
     def record_click(self, user_id: str, item_id: str, ts_ms: int) -> None:
         self.inner.record_user(user_id, ts_ms, click=True, item_id=item_id)  # item: the sequence
 
+    def forget_idle(self, watermark_ms: int) -> list[str]:
+        return self.inner.forget_idle(watermark_ms)
+
+    def has_user(self, user_id: str) -> bool:
+        return self.inner.has_user(user_id)
+
 
 Event = Impression | Click | Conversion
 

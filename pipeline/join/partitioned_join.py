@@ -134,6 +134,9 @@ class PartitionedJoin:
             for name, n in task.joiner.stats.as_dict().items():
                 total[name] += n
         total["examples_past_merge_promise"] = self.merge.broken_promises
+        # idle users forgotten (features.forget_idle_s), and lookups that may have missed one
+        total["users_forgotten"] = sum(task.features.forgotten for task in self.tasks)
+        total["lookups_past_forget"] = sum(task.features.past_forget for task in self.tasks)
         return total
 
     def _drain(self, task: PartitionTask) -> None:

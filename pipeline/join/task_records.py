@@ -6,7 +6,9 @@ checkpoint writes only the keys that changed since the previous one, and the lat
 key *is* the state (which is what log compaction keeps):
 
 - ``u<user id>``: the user's feature counters, behaviour sequence (if kept) and the joiner's entries
-  of the user's impressions (:meth:`Joiner.entries`: pending, early click, finalised);
+  of the user's impressions (:meth:`Joiner.entries`: pending, early click, finalised); deleted (a
+  tombstone) once it would hold none of them: a user forgotten (``features.forget_idle_s``), a
+  click orphaned with no impression of its user held;
 - ``i<item key>``: one item's counters (written before the item stage took item counts to the
   trainer: still read);
 - ``m``: the task's header: watermark and counters, the features' header, and per stream the first
@@ -62,14 +64,18 @@ def changes(task: PartitionTask) -> Records:
     for user in sorted(joiner.changed | users.keys()):
         flat = users.get(user) or task.features.user_state(user)
         seq = task.features.user_sequence_state(user)
+        entries = joiner.entries(user)
+        if flat is None and seq is None and not entries:
+            out.append((b"u" + user.encode(), None))
+            continue
         value = b'{"f":%s,"j":[%s]%s}' % (
             fast_json.dumps(flat),
-            b",".join(joiner.entries(user)),
+            b",".join(entries),
             b',"s":' + fast_json.dumps(seq) if seq else b"",
         )
         out.append((b"u" + user.encode(), value))
     joiner.changed = set()
-    out += [(b"i" + i.encode(), fast_json.dumps(flat)) for i, flat in items.items()]
+    out += [(b"i" + i.encode(), None if flat is None else fast_json.dumps(flat)) for i, flat in items.items()]
     out.append((HEADER, fast_json.dumps(header)))
     return out
 
@@ -94,6 +100,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
     early: list[Any] = []
     done: dict[str, int] = {}
     owners: dict[str, str] = {}
+    stale: list[str] = []  # records that hold nothing any more (see track_changes)
     users: dict[str, Any] = {}
     sequences: dict[str, Any] = {}
     items: dict[str, Any] = {}
@@ -111,6 +118,7 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
             users[ident] = value["f"]
         if "s" in value:
             sequences[ident] = value["s"]
+        held = len(pending) + len(early) + len(done)
         for entry in value["j"]:
             if entry[0] == "p":
                 imp, click_ts = entry[1], entry[3]
@@ -127,9 +135,18 @@ def state_from_records(latest: Mapping[bytes, bytes], cfg: JoinerConfig) -> dict
             elif entry[0] == "d" and abs(entry[2]) >= wm:  # else: forgotten since
                 done[entry[1]] = entry[2]
                 owners[entry[1]] = ident
+        if value["f"] is None and "s" not in value and held == len(pending) + len(early) + len(done):
+            stale.append(ident)
     return {
         "partition": header["partition"],
-        "joiner": {**header["joiner"], "pending": pending, "early": early, "done": done, "owners": owners},
+        "joiner": {
+            **header["joiner"],
+            "pending": pending,
+            "early": early,
+            "done": done,
+            "owners": owners,
+            "stale": stale,
+        },
         "features": {
             **header["features"],
             "users": users,
