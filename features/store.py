@@ -105,6 +105,7 @@ def _set_up(
     yaml = Template((_REPO / _TEMPLATES[profile]).read_text()).substitute(
         CTR_FEAST_PROJECT=project,
         CTR_FEAST_REDIS=redis_connection_string(redis_url) if redis_url else "",
+        CTR_FEAST_KEY_TTL=cfg.forget_idle_s,  # an idle user's row expires when the joiner forgets it
     )
     tmp = temp_path(out_dir / "feature_store.yaml")  # readers (connect_store) never see half of it
     tmp.write_text(yaml)

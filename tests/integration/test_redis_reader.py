@@ -103,6 +103,33 @@ def test_direct_reads_equal_the_feast_sdk_for_present_and_missing_entities(feast
     assert row == defaults and defaults["user_ctr_1h"] > 0  # missing = documented defaults (prior CTR)
 
 
+def test_a_row_expires_when_the_joiner_would_forget_its_entity(feast_store, tmp_path: Path) -> None:
+    """``features.forget_idle_s`` is Feast's ``key_ttl_seconds``: every write sets the user's and
+    the item's hash to expire that long after it; 0 leaves them for ever."""
+    store, url = feast_store
+    client = redis.Redis.from_url(url)
+    forever = open_store(
+        tmp_path / "forever",
+        "production",
+        url,
+        f"{store.config.project}_0",
+        cfg=FeatureConfig(forget_idle_s=0),
+    )
+    ttl = {}
+    for name, feast in (("default", store), ("forever", forever)):
+        sf = StreamingFeatures(FeatureConfig())
+        sf.record_impression("u_ttl", "item_ttl", START_MS)
+        FeatureWriter(feast, offline=False).push(*sf.drain_dirty())
+        for entity, ident in (("user", "u_ttl"), ("item", "item_ttl")):
+            key = entity_redis_key(JOIN_KEYS[entity], ident, feast.config.project)
+            ttl[name, entity] = client.ttl(key)
+            client.delete(key)
+    days15 = FeatureConfig().forget_idle_s
+    assert days15 == 15 * 86_400
+    assert all(days15 - 60 < ttl["default", entity] <= days15 for entity in ("user", "item"))
+    assert ttl["forever", "user"] == ttl["forever", "item"] == -1  # no expiry
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
