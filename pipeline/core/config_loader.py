@@ -43,7 +43,7 @@ OTHER_ENV = frozenset(
         *("CTR_PYTHON", "CTR_VENV_ROOT"),  # deploy/venv.sh
         *("CTR_TOOLS_BIN", "CTR_VEGETA"),  # deploy/vegeta.sh, benchmarks/load_tools.py
         "CTR_BIND_HOST",  # deploy/systemd/ctr-serve@.service (from ctr.env)
-        *("CTR_FEAST_PROJECT", "CTR_FEAST_REDIS"),  # features/repo/*.yaml placeholders
+        *("CTR_FEAST_PROJECT", "CTR_FEAST_REDIS", "CTR_FEAST_KEY_TTL"),  # features/repo/*.yaml placeholders
         *("CTR_SERVICES_EXTERNAL", "CTR_TEST_REDIS_DB"),  # tests/integration/conftest.py
     }
 )
