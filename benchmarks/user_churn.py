@@ -59,8 +59,8 @@ def hour_of_events(args: argparse.Namespace, day: int, hour: int) -> tuple[list[
     start = T0 + day * 24 * HOUR + hour * HOUR
     times = sorted(start + rng.randrange(HOUR) for _ in range(n))
     imps, clicks = [], []
+    share_new = args.new_users / (args.new_users + args.regulars)
     for k, ts in enumerate(times):
-        share_new = args.new_users / (args.new_users + args.regulars)
         user = (
             f"d{day}-{rng.randrange(args.new_users)}"
             if rng.random() < share_new
@@ -132,10 +132,9 @@ def run(args: argparse.Namespace, forget_idle_s: int) -> dict[str, Any]:
         )
         written = tombstones = 0
         print(json.dumps(days[-1]), file=sys.stderr, flush=True)
-    for kind, events in (("click", sorted(late_clicks, key=lambda c: c.ts)),):
-        for ev in events:
-            task.offer(kind, offsets[kind], ev)
-            offsets[kind] += 1
+    for click in sorted(late_clicks, key=lambda c: c.ts):  # past the last hour
+        task.offer("click", offsets["click"], click)
+        offsets["click"] += 1
     task.run(now=1e12)
     task.joiner.flush()
     checkpoint()

@@ -325,10 +325,15 @@ class StreamingFeatures:
         for user in users:
             self._seqs.pop(user, None)
         self._forget(self._items, self._dirty_items, 1, before)
+        self._forgot(before)
+        return users
+
+    def _forgot(self, before: int) -> None:
+        """Entities whose newest event was before ``before`` are gone: lookups of an entity not
+        held, earlier than ``visible_s`` after the newest such horizon, are counted from now on."""
         if before > self.forgot_before:
             self.forgot_before = before
             self._suspect_below = -(-(before + self._visible_ms) // self._bucket_ms)
-        return users
 
     def _forget(self, table: dict[str, _Entity], dirty: set[str], kind: int, before: int) -> list[str]:
         gone = [ident for ident, ent in table.items() if ent.last_ts < before]
@@ -470,10 +475,7 @@ class StreamingFeatures:
         sf._dirty_users, sf._dirty_items = set(state["dirty_users"]), set(state["dirty_items"])
         sf.late_dropped = int(state.get("late_dropped", 0))
         sf.forgotten, sf.past_forget = int(state.get("forgotten", 0)), int(state.get("past_forget", 0))
-        before = int(state.get("forgot_before", 0))  # absent: written before forgetting
-        if before:
-            sf.forgot_before = before
-            sf._suspect_below = -(-(before + sf._visible_ms) // sf._bucket_ms)
+        sf._forgot(int(state.get("forgot_before", 0)))  # absent: written before forgetting
         return sf
 
 
