@@ -167,7 +167,7 @@ def in_process(
                     out_bytes += len(payloads[-1][1])
                     examples += 1
         for task in tasks.values():
-            task.features.drain_dirty()
+            task.user_rows()
         elapsed = time.monotonic() - started
     return {
         "events": len(records),

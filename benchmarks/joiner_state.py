@@ -64,7 +64,7 @@ def _feed(task: PartitionTask, start: int, n: int, users: int, rng: random.Rando
     task.run(now=1e12)
     task.drain()
     task.joiner.drain_rejected()
-    task.features.drain_dirty()  # what the daemon pushes to Redis before a checkpoint
+    task.user_rows()  # what the daemon pushes to Redis before a checkpoint
 
 
 def measure_state(bootstrap: str, sizes: list[int], delta: int = 5_000) -> dict[str, Any]:

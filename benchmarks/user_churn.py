@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, forget_idle_s: int) -> dict[str, Any]:
         for ex in task.drain():
             digest.update(ex.to_json())
         task.joiner.drain_rejected()
-        task.features.drain_dirty()
+        task.user_rows()
         records = changes(task)
         written += len(records)
         deleted = [(key,) for key, value in records if value is None]

@@ -28,6 +28,11 @@ old one would. So forgetting changes the features of no event less than F - M be
 forgotten, is counted (:attr:`StreamingFeatures.past_forget`): an upper bound on the events whose
 features forgetting may have changed.
 
+Rows for the online store (:meth:`StreamingFeatures.drain_dirty`): each changed entity's values
+in the windows ending at the writer's clock, and a fresh row for every entity whose windows lost
+an event since its last row (:mod:`features.window_exits`), so that serving reads what a lookup
+at that time gives, not the counts as of the entity's last event.
+
 Behaviour sequences (``cfg.sequence_length`` K > 0): per user, the last K clicked items and their
 click times, in two list features, :data:`SEQUENCE_NAMES` (newest first). A lookup at ``ts`` shows
 the clicks recorded so far with a time in ``(ts - sequence_ttl_s, ts]``: the same rule,
@@ -50,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from features.window_exits import WindowExits, next_exit
 from pipeline.core.config import FeatureConfig
 
 __all__ = [
@@ -127,7 +133,7 @@ def visible_sequence(
 class _Entity:
     """Counters of one user or item."""
 
-    __slots__ = ("base", "buckets", "last_ts", "pushed_us")
+    __slots__ = ("base", "buckets", "last_ts", "next_exit", "pushed_us")
 
     def __init__(self) -> None:
         # packed cumulative counts, ascending by bucket; a list, not a deque: an empty deque
@@ -136,6 +142,7 @@ class _Entity:
         self.base = 0  # cumulative counts of everything already expired
         self.last_ts = 0  # newest event time seen (ms)
         self.pushed_us = 0  # timestamp of the last drained row (µs), strictly increasing
+        self.next_exit = 0  # bucket at which its last row's windows next lose an event (0: none)
 
 
 class StreamingFeatures:
@@ -178,6 +185,9 @@ class StreamingFeatures:
         self._dirty_items: set[str] = set()
         # entities changed since the last take_changes() (None: not tracked; see track_changes)
         self._changed: tuple[set[str], set[str]] | None = None
+        # users and items whose rows a drain at a later time must refresh (drain_dirty's at_ms)
+        self._exits = (WindowExits(), WindowExits())
+        self._clock = 0  # the newest at_ms of drain_dirty
         # an entity with no events: counts 0 and the same formula's CTR (= the prior, to the ulp)
         self._zero = [0.0, 0.0, self._a / self._a_over_prior] * len(self._spans)
         self._seq_len, self._seq_ttl_s = cfg.sequence_length, cfg.sequence_ttl_s
@@ -360,22 +370,43 @@ class StreamingFeatures:
         out.update((name, []) for name in self.sequence_names)
         return out
 
-    def drain_dirty(self) -> tuple[list[FeatureRow], list[FeatureRow]]:
+    def drain_dirty(self, at_ms: int | None = None) -> tuple[list[FeatureRow], list[FeatureRow]]:
         """Rows of the users and items changed since the last drain, for the feature store.
 
-        Each row holds the entity's values as of its newest event time, stamped with that time.
+        ``at_ms``: the writer's clock (a partition's newest event time; the item stage's visible
+        time). Each row then holds the entity's values in the windows ending at ``at_ms`` (or at its
+        newest event if later), stamped with that time, and the entities whose last rows' windows
+        lost an event since (an hour after a user's last impression, its 1 h count is 0) get a
+        fresh row though nothing new happened to them (:mod:`features.window_exits`): the online
+        store holds what a lookup at ``at_ms`` gives. ``None``: each row as of its entity's newest
+        event, and no refresh.
+
         The stamp is bumped by 1 µs where needed so that it strictly increases per entity across
         drains (and checkpoints): Feast's Redis store silently drops a row not newer than the one
         it holds, which would lose an update made by a late or same-millisecond event.
         """
+        if at_ms is not None:
+            at_ms = self._clock = max(at_ms, self._clock)  # a clock that went back: held at its newest
+            at = at_ms // self._bucket_ms
+            self._refresh(self._users, self._dirty_users, self._exits[0], at)
+            self._refresh(self._items, self._dirty_items, self._exits[1], at)
         if self._changed is not None:  # a drain changes pushed_us: every drained entity changed
             self._changed[0].update(self._dirty_users)
             self._changed[1].update(self._dirty_items)
-        users = self._drain(self._users, self._dirty_users, "user_id", self.user_names)
-        items = self._drain(self._items, self._dirty_items, "item_id", self.item_names)
+        users = self._drain(self._users, self._dirty_users, "user_id", self.user_names, at_ms, self._exits[0])
+        items = self._drain(self._items, self._dirty_items, "item_id", self.item_names, at_ms, self._exits[1])
         for row in users if self._seq_len else ():  # the stored sequence, whole: serving filters it
             row.update(zip(SEQUENCE_NAMES, self.sequence(row["user_id"]), strict=True))
         return users, items
+
+    @staticmethod
+    def _refresh(table: dict[str, _Entity], dirty: set[str], exits: WindowExits, at: int) -> None:
+        """Mark dirty every entity whose last row's windows lost an event by bucket ``at``."""
+        for bucket, ident in exits.due(at):
+            ent = table.get(ident)
+            if ent is not None and ent.next_exit == bucket:  # else: rescheduled or forgotten since
+                ent.next_exit = 0
+                dirty.add(ident)
 
     def track_changes(self, everything: bool = False) -> None:
         """Remember which entities change, for :meth:`take_changes` (incremental checkpoints);
@@ -395,19 +426,36 @@ class StreamingFeatures:
         return _flat_or_none(self._users, users), _flat_or_none(self._items, items)
 
     def _drain(
-        self, table: dict[str, _Entity], dirty: set[str], key: str, names: tuple[str, ...]
+        self,
+        table: dict[str, _Entity],
+        dirty: set[str],
+        key: str,
+        names: tuple[str, ...],
+        at_ms: int | None,
+        exits: WindowExits,
     ) -> list[FeatureRow]:
         rows: list[FeatureRow] = []
         for ident in dirty:
             ent = table[ident]
-            ent.pushed_us = max(ent.last_ts * 1_000, ent.pushed_us + 1)
+            ref = ent.last_ts if at_ms is None or at_ms < ent.last_ts else at_ms
+            ent.pushed_us = max(ref * 1_000, ent.pushed_us + 1)
             row: FeatureRow = {key: ident, "event_timestamp": _EPOCH + timedelta(microseconds=ent.pushed_us)}
-            vals = self._values(ent, ent.last_ts // self._bucket_ms)
+            b = ref // self._bucket_ms
+            vals = self._values(ent, b)
             for k, name in enumerate(names):
                 row[name] = vals[k] if k % 3 == 2 else int(vals[k])  # counts are Int64 in Feast
             rows.append(row)
+            if at_ms is not None:
+                self._schedule(ent, ident, b, exits)
         dirty.clear()
         return rows
+
+    def _schedule(self, ent: _Entity, ident: str, at: int, exits: WindowExits) -> None:
+        """Set when the windows of ``ent``'s row as of bucket ``at`` next lose an event."""
+        nxt = next_exit(ent.buckets, _IDX, at, self._spans)
+        if nxt and nxt != ent.next_exit:
+            exits.add(nxt, ident)
+        ent.next_exit = nxt
 
     def to_state(self) -> dict[str, Any]:
         """JSON-serialisable state (buckets unpacked to ``[bucket, cum_imps, cum_clicks]`` triples)."""
@@ -468,6 +516,10 @@ class StreamingFeatures:
             return out
 
         sf._users, sf._items = load(state["users"]), load(state["items"])
+        for table, exits in zip((sf._users, sf._items), sf._exits, strict=True):  # rows as pushed
+            for ident, ent in table.items():
+                if ent.pushed_us:
+                    sf._schedule(ent, ident, ent.pushed_us // 1_000 // sf._bucket_ms, exits)
         for user, flat_seq in state.get("sequences", {}).items():  # absent: written without sequences
             pairs = [(int(t), str(i)) for t, i in zip(flat_seq[::2], flat_seq[1::2], strict=True)]
             if sf._seq_len and pairs:

@@ -67,6 +67,7 @@ class ItemStage:
         # what clicked examples whose correction is still to come were given, by impression id
         self._to_correct: dict[str, dict[str, float]] = {}
         self._next_forget = 0  # when idle items are next forgotten (next_forget_at)
+        self._visible = 0  # the newest visible_ms of advance(): the time of the rows drained
 
     @classmethod
     def of(cls, cfg: Config, state: Mapping[str, Any] | None = None) -> ItemStage:
@@ -101,13 +102,16 @@ class ItemStage:
         while waiting and waiting[0][0] < visible_ms:
             ts, _, item, label = heapq.heappop(waiting)
             stats.record_item(item, ts, bool(label))
+        if visible_ms > self._visible:
+            self._visible = visible_ms
         if visible_ms >= self._next_forget:  # lookups never go back before visible_ms: exact
             self._next_forget = next_forget_at(visible_ms)
             stats.forget_idle(visible_ms)
 
     def drain_rows(self) -> list[FeatureRow]:
-        """The items whose counts changed since the last call, as rows for the online store."""
-        return self.stats.drain_dirty()[1]
+        """The items whose counts changed (or whose windows lost an impression) since the last
+        call, as rows for the online store: each holds what an example attached now would get."""
+        return self.stats.drain_dirty(self._visible or None)[1]
 
     # -- checkpoints -----------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -119,6 +123,7 @@ class ItemStage:
             "waiting": sorted(self._waiting),
             "to_correct": self._to_correct,
             "next_forget": self._next_forget,
+            "visible": self._visible,
         }
 
     @classmethod
@@ -137,6 +142,7 @@ class ItemStage:
         stage.stats = StreamingFeatures.from_state(state["features"], cfg)
         stage._to_correct = dict(state.get("to_correct", {}))
         stage._next_forget = int(state.get("next_forget", 0))
+        stage._visible = int(state.get("visible", 0))  # absent: written before row refreshes
         stage._waiting = [(int(t), str(i), str(item), int(y)) for t, i, item, y in state["waiting"]]
         heapq.heapify(stage._waiting)
         return stage

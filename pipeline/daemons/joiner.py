@@ -271,7 +271,7 @@ class JoinerDaemon:
             self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
         users: list[FeatureRow] = []
         for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
-            users += task.features.drain_dirty()[0]  # a user lives in one partition; items: ctr trainer's
+            users += task.user_rows()  # a user lives in one partition; items: the ctr trainer's
         with self.observed.phase("features"):
             self.features.push(users, [])
         try:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from features.aggregations import StreamingFeatures
+from features.aggregations import FeatureRow, StreamingFeatures
 from pipeline.core.config import Config
 from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.joiner import Joiner
@@ -79,6 +79,11 @@ class PartitionTask:
         self.features = StreamingFeatures(cfg.features)
         self.joiner = Joiner(cfg.joiner, UserFeatures(self.features))
         self.streams = {kind: _Stream() for kind in stream_kinds(cfg)}
+
+    def user_rows(self) -> list[FeatureRow]:
+        """The rows of the users changed (or whose windows lost an event) since the last call, as
+        of this task's newest event time (:meth:`StreamingFeatures.drain_dirty`), to push online."""
+        return self.features.drain_dirty(self.joiner.max_ts)[0]
 
     # -- input -----------------------------------------------------------------------------------
     def offer(self, kind: str, offset: int, event: Event | None) -> None:

@@ -123,7 +123,7 @@ class PartitionedJoin:
         """Every task's changed user rows (a user lives in one task; items are the item stage's)."""
         users: list[FeatureRow] = []
         for task in self.tasks:
-            users += task.features.drain_dirty()[0]
+            users += task.user_rows()
         return users
 
     @property

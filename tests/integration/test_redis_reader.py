@@ -130,6 +130,34 @@ def test_a_row_expires_when_the_joiner_would_forget_its_entity(feast_store, tmp_
     assert ttl["forever", "user"] == ttl["forever", "item"] == -1  # no expiry
 
 
+def test_rows_refreshed_as_time_passes_reach_serving_through_redis(feast_store) -> None:
+    """A user idle for 2 hours: the joiner's push as of its newest event time refreshes the row
+    (1 h window empty, 24 h not), Feast's Redis store takes it, and the reader reads what the
+    joiner's lookup gives at that time; before the refresh, the row said otherwise."""
+    store, _ = feast_store
+    sf = StreamingFeatures(FeatureConfig())
+    writer, reader = FeatureWriter(store, offline=False), RedisFeatureReader.for_store(store)
+    for k in range(3):
+        sf.record_impression("u_idle", "item_idle", START_MS + k * 60_000)
+    sf.record_click("u_idle", "item_idle", START_MS + 90_000)
+    writer.push(*sf.drain_dirty(START_MS + 180_000))
+    later = START_MS + 2 * 3_600_000
+    before = reader.get("u_idle", ["item_idle"], at_ms=later)[0]
+    assert (
+        before["user_impressions_1h"] == 3 != sf.lookup("u_idle", "item_idle", later)["user_impressions_1h"]
+    )
+    sf.record_impression("u_busy", "item_busy", later)  # another user's event moves the clock
+    users, items = sf.drain_dirty(later)
+    assert {r["user_id"] for r in users} == {"u_idle", "u_busy"} and {r["item_id"] for r in items} == {
+        "item_idle",
+        "item_busy",
+    }
+    writer.push(users, items)
+    served = reader.get("u_idle", ["item_idle"], at_ms=later)[0]
+    assert served == sf.lookup("u_idle", "item_idle", later)
+    assert served["user_impressions_1h"] == 0 and served["user_impressions_24h"] == 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
