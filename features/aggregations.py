@@ -133,7 +133,7 @@ def visible_sequence(
 class _Entity:
     """Counters of one user or item."""
 
-    __slots__ = ("base", "buckets", "last_ts", "next_exit", "pushed_us")
+    __slots__ = ("base", "buckets", "last_ts", "next_exit")
 
     def __init__(self) -> None:
         # packed cumulative counts, ascending by bucket; a list, not a deque: an empty deque
@@ -141,7 +141,6 @@ class _Entity:
         self.buckets: list[int] = []
         self.base = 0  # cumulative counts of everything already expired
         self.last_ts = 0  # newest event time seen (ms)
-        self.pushed_us = 0  # timestamp of the last drained row (µs), strictly increasing
         self.next_exit = 0  # bucket at which its last row's windows next lose an event (0: none)
 
 
@@ -188,6 +187,7 @@ class StreamingFeatures:
         # users and items whose rows a drain at a later time must refresh (drain_dirty's at_ms)
         self._exits = (WindowExits(), WindowExits())
         self._clock = 0  # the newest at_ms of drain_dirty
+        self._stamp_us = 0  # the newest stamp of a row drained (µs since the epoch)
         # an entity with no events: counts 0 and the same formula's CTR (= the prior, to the ulp)
         self._zero = [0.0, 0.0, self._a / self._a_over_prior] * len(self._spans)
         self._seq_len, self._seq_ttl_s = cfg.sequence_length, cfg.sequence_ttl_s
@@ -381,20 +381,23 @@ class StreamingFeatures:
         store holds what a lookup at ``at_ms`` gives. ``None``: each row as of its entity's newest
         event, and no refresh.
 
-        The stamp is bumped by 1 µs where needed so that it strictly increases per entity across
-        drains (and checkpoints): Feast's Redis store silently drops a row not newer than the one
-        it holds, which would lose an update made by a late or same-millisecond event.
+        Every row of a drain is stamped later than every row of the drains before it (the time of
+        the row, bumped by 1 µs where needed; the newest stamp is in :attr:`header`, so across
+        checkpoints too): Feast's Redis store silently drops a row not newer than the one it holds,
+        which would lose an update made by a late or same-millisecond event. A refresh changes
+        no state: only the entities whose events changed them count as changed (take_changes).
         """
+        if self._changed is not None:  # before the refreshes: those change nothing to checkpoint
+            self._changed[0].update(self._dirty_users)
+            self._changed[1].update(self._dirty_items)
         if at_ms is not None:
             at_ms = self._clock = max(at_ms, self._clock)  # a clock that went back: held at its newest
             at = at_ms // self._bucket_ms
             self._refresh(self._users, self._dirty_users, self._exits[0], at)
             self._refresh(self._items, self._dirty_items, self._exits[1], at)
-        if self._changed is not None:  # a drain changes pushed_us: every drained entity changed
-            self._changed[0].update(self._dirty_users)
-            self._changed[1].update(self._dirty_items)
-        users = self._drain(self._users, self._dirty_users, "user_id", self.user_names, at_ms, self._exits[0])
-        items = self._drain(self._items, self._dirty_items, "item_id", self.item_names, at_ms, self._exits[1])
+        after = self._stamp_us  # every row of this drain is stamped after the drains before it
+        users = self._drain(self._users, self._dirty_users, "user_id", self.user_names, at_ms, after, 0)
+        items = self._drain(self._items, self._dirty_items, "item_id", self.item_names, at_ms, after, 1)
         for row in users if self._seq_len else ():  # the stored sequence, whole: serving filters it
             row.update(zip(SEQUENCE_NAMES, self.sequence(row["user_id"]), strict=True))
         return users, items
@@ -432,18 +435,24 @@ class StreamingFeatures:
         key: str,
         names: tuple[str, ...],
         at_ms: int | None,
-        exits: WindowExits,
+        after_us: int,
+        kind: int,
     ) -> list[FeatureRow]:
         rows: list[FeatureRow] = []
+        exits = self._exits[kind]
+        ints = [k % 3 != 2 for k in range(len(names))]  # counts are Int64 in Feast, CTRs Float64
+        stamped: tuple[int, datetime] = (-1, _EPOCH)  # with a clock, every row has the same stamp
         for ident in dirty:
             ent = table[ident]
             ref = ent.last_ts if at_ms is None or at_ms < ent.last_ts else at_ms
-            ent.pushed_us = max(ref * 1_000, ent.pushed_us + 1)
-            row: FeatureRow = {key: ident, "event_timestamp": _EPOCH + timedelta(microseconds=ent.pushed_us)}
+            stamp = max(ref * 1_000, after_us + 1)
+            if stamp != stamped[0]:
+                stamped = (stamp, _EPOCH + timedelta(microseconds=stamp))
+                if stamp > self._stamp_us:
+                    self._stamp_us = stamp
             b = ref // self._bucket_ms
-            vals = self._values(ent, b)
-            for k, name in enumerate(names):
-                row[name] = vals[k] if k % 3 == 2 else int(vals[k])  # counts are Int64 in Feast
+            row: FeatureRow = {key: ident, "event_timestamp": stamped[1]}
+            row.update(zip(names, [int(v) if i else v for v, i in zip(self._values(ent, b), ints)]))  # noqa: B905
             rows.append(row)
             if at_ms is not None:
                 self._schedule(ent, ident, b, exits)
@@ -492,6 +501,8 @@ class StreamingFeatures:
             "forgotten": self.forgotten,
             "forgot_before": self.forgot_before,
             "past_forget": self.past_forget,
+            "clock": self._clock,
+            "stamp_us": self._stamp_us,
         }
 
     @classmethod
@@ -508,7 +519,8 @@ class StreamingFeatures:
             out = {}
             for ident, flat in flat_by_id.items():
                 e = out[ident] = _Entity()
-                e.last_ts, e.pushed_us, base_i, base_c = flat[:4]
+                e.last_ts, pushed_us, base_i, base_c = flat[:4]  # pushed_us: 0 since the header has it
+                sf._stamp_us = max(sf._stamp_us, pushed_us)
                 e.base = base_i << 40 | base_c
                 e.buckets.extend(
                     b << _IDX | i << 40 | c for b, i, c in zip(*[iter(flat[4:])] * 3, strict=True)
@@ -516,10 +528,13 @@ class StreamingFeatures:
             return out
 
         sf._users, sf._items = load(state["users"]), load(state["items"])
-        for table, exits in zip((sf._users, sf._items), sf._exits, strict=True):  # rows as pushed
+        sf._clock = int(state.get("clock", 0))
+        sf._stamp_us = max(sf._stamp_us, int(state.get("stamp_us", 0)))
+        # the last drain refreshed every row whose windows lost an event by its clock: each row
+        # pushed is as of then (or of the entity's newest event, if later or drained without one)
+        for table, exits in zip((sf._users, sf._items), sf._exits, strict=True):
             for ident, ent in table.items():
-                if ent.pushed_us:
-                    sf._schedule(ent, ident, ent.pushed_us // 1_000 // sf._bucket_ms, exits)
+                sf._schedule(ent, ident, max(ent.last_ts, sf._clock) // sf._bucket_ms, exits)
         for user, flat_seq in state.get("sequences", {}).items():  # absent: written without sequences
             pairs = [(int(t), str(i)) for t, i in zip(flat_seq[::2], flat_seq[1::2], strict=True)]
             if sf._seq_len and pairs:
@@ -542,8 +557,9 @@ def _flat_sequence(seq: list[tuple[int, str]]) -> list[Any]:
 
 
 def _flat(e: _Entity) -> list[int]:
-    """One entity as ``[last_ts, pushed_us, base_imps, base_clicks, (bucket, cum_imps, cum_clicks)...]``."""
-    flat = [e.last_ts, e.pushed_us, (e.base >> 40) & _FIELD, e.base & _FIELD]
+    """One entity as ``[last_ts, 0, base_imps, base_clicks, (bucket, cum_imps, cum_clicks)...]``
+    (the 0 was the entity's last row stamp, now the header's ``stamp_us`` for all of them)."""
+    flat = [e.last_ts, 0, (e.base >> 40) & _FIELD, e.base & _FIELD]
     for v in e.buckets:
         flat += (v >> _IDX, (v >> 40) & _FIELD, v & _FIELD)
     return flat

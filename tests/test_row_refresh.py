@@ -98,3 +98,22 @@ def test_the_item_stage_pushes_what_an_example_attached_now_would_get() -> None:
         store.push(stage.drain_rows(), "item_id")
         for i, row in store.rows.items():
             assert {k: float(row[k]) for k in stage.stats.item_names} == stage.stats.lookup_item(i, ts - MIN)
+
+
+def test_a_refresh_is_no_change_to_checkpoint_and_a_restore_refreshes_the_same_rows() -> None:
+    sf = StreamingFeatures(FeatureConfig())
+    sf.track_changes()
+    sf.record_impression("idle", "a", T0)
+    sf.record_impression("busy", "a", T0)
+    first = sf.drain_dirty(T0)[0]
+    assert set(sf.take_changes()[0]) == {"idle", "busy"}
+    sf.record_impression("busy", "a", T0 + 2 * HOUR)
+    second = sf.drain_dirty(T0 + 2 * HOUR)[0]
+    assert {r["user_id"]: r["user_impressions_1h"] for r in second} == {"idle": 0, "busy": 1}
+    assert set(sf.take_changes()[0]) == {"busy"}  # the idle user's record is as it was
+    restored = StreamingFeatures.from_state(json.loads(json.dumps(sf.to_state())), FeatureConfig())
+    later = T0 + 25 * HOUR  # both users' 24 h windows lose events: both refreshed, by both
+    assert restored.drain_dirty(later) == sf.drain_dirty(later) != ([], [])
+    restored.record_impression("idle", "a", later)  # the same millisecond: stamped later still
+    again = restored.drain_dirty(later)[0][0]["event_timestamp"]
+    assert again > max(r["event_timestamp"] for r in first + second) and again.microsecond % 1000 == 1

@@ -27,7 +27,7 @@ def compacted(log: dict[bytes, bytes], records: list[tuple[bytes, bytes | None]]
 def checkpoint(task: PartitionTask, log: dict[bytes, bytes]) -> list[tuple[bytes, bytes | None]]:
     task.drain()  # the daemon sends the examples and pushes the changed rows first
     task.joiner.drain_rejected()
-    task.features.drain_dirty()
+    task.user_rows()  # as of the task's newest event, refreshes included
     records = changes(task)
     compacted(log, records)
     return records
