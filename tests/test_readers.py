@@ -21,6 +21,7 @@ from pipeline.sources.open import open_source
 from pipeline.sources.parquet import ParquetSource, write_parquet
 from pipeline.sources.readers import CRITEO_START_MS, ClickDelay, CriteoTsvSource, ObdCsvSource
 from pipeline.sources.simulator import Simulator
+from pipeline.sources.streams import SimulatorSource
 
 OBD = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "open_bandit_obd"
 needs_obd = pytest.mark.skipif(not OBD.is_dir(), reason=f"Open Bandit sample folder {OBD} is absent")
@@ -118,9 +119,15 @@ def resume_contract(make: Factory, after_batches: int) -> None:
     first = make(None)
     it = first.batches()
     head = [e for _ in range(after_batches) for e in next(it)]
-    resumed = make(json.loads(json.dumps(first.snapshot())))
+    snapshot = first.snapshot()
+    resumed = make(json.loads(json.dumps(snapshot)))
     assert resumed.clock.now_ms() == first.clock.now_ms() > 0
-    assert head + read_all(resumed) == full
+    rest = read_all(resumed)
+    assert head + rest == full
+    # read again (a replay's read-ahead, pipeline.join.lookahead): from where it began, in place
+    assert [e for batch in first.read_again() for e in batch] == full  # type: ignore[attr-defined]
+    assert first.snapshot() == snapshot and head + [e for batch in it for e in batch] == full
+    assert [e for batch in resumed.read_again() for e in batch] == rest  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +174,16 @@ def make_factories(criteo_file: Path, parquet_files: list[Path]) -> dict[str, Fa
     out: dict[str, Factory] = {
         "criteo": lambda r: CriteoTsvSource([criteo_file], seed=1, batch_size=900, resume=r),
         "parquet": lambda r: ParquetSource(parquet_files, batch_size=800, resume=r),
+        "simulator": lambda r: SimulatorSource(
+            Simulator(SimulatorConfig(), 4), 2_000, batch_size=600, resume=r
+        ),
     }
     if OBD.is_dir():
         out["obd"] = lambda r: ObdCsvSource(OBD / "bts", seed=1, batch_size=4_000, resume=r)
     return out
 
 
-@pytest.mark.parametrize("name", ["criteo", "parquet", pytest.param("obd", marks=needs_obd)])
+@pytest.mark.parametrize("name", ["criteo", "parquet", "simulator", pytest.param("obd", marks=needs_obd)])
 def test_resume_from_a_snapshot_yields_exactly_the_rest(
     name: str, criteo_file: Path, parquet_files: list[Path]
 ) -> None:

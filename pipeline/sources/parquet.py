@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.batching import _BatchingSource, _key_of, _Read, _ts_of
 from pipeline.sources.files import UnreadableLog
 from pipeline.sources.jsonl_mapping import KINDS, JsonlMapping, untagged_kind
-from pipeline.sources.streams import _BatchingSource, _key_of, _Read, _ts_of
 
 __all__ = ["ParquetSource", "write_parquet"]
 

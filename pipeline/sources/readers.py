@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.types import EventKind, RawEvent
+from pipeline.sources.batching import _BatchingSource, _key_of, _Read
 from pipeline.sources.files import UnreadableLog, open_text
 from pipeline.sources.labelled import labelled_events
-from pipeline.sources.streams import _BatchingSource, _key_of, _Read
 
 __all__ = [
     "CRITEO_START_MS",
