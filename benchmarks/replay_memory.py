@@ -8,12 +8,18 @@ config, and reads the child's peak resident memory: ``VmHWM`` of its own address
 child reads from ``/proc/self/status`` as it exits. (``wait4``'s ``ru_maxrss`` would not do: Linux
 carries into it the peak of the address space the child was spawned from, i.e. of this process.)
 
+``--log clickless`` writes instead the simulator's stream (JSONL, ``ctr simulate``'s format) with
+every click of the users of one partition of three taken out: a replay used to hold that
+partition's impressions, and through the example merge every other partition's examples, until
+its input ended (:mod:`pipeline.join.lookahead`).
+
 Reported per length: peak RSS, wall seconds, examples/s (the backtest's own ``summary.json``), and
 over all lengths the least-squares growth in MB per 100,000 rows. ``--code DIR`` runs another
 checkout (e.g. a ``git worktree`` of an older commit) with the same logs, for a before/after in one
 sitting.
 
-    python benchmarks/replay_memory.py [--rows 100000,300000,1000000] [--code DIR] [--out FILE]
+    python benchmarks/replay_memory.py [--rows 100000,300000,1000000] [--log criteo|clickless]
+                                       [--code DIR] [--out FILE]
 
 Writes ``benchmarks/results/replay-memory.json``. Needs no services (the backtest's registry is a
 local file); about 5 minutes at the default lengths on a 2-core machine.
@@ -36,6 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.criteo_like import INTERACTION, generate, write
+from pipeline.core.config import Config
+from pipeline.core.partitioning import partition_of
+from pipeline.sources.jsonl_mapping import write_jsonl
+from pipeline.sources.simulator import Simulator
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,30 +93,51 @@ def commit_of(code: Path) -> str:
     return out.stdout.strip() or "unknown"
 
 
+def describe(log: str, seed: int) -> str:
+    if log == "criteo":
+        return f"benchmarks/criteo_like.py --seed {seed} (prefixes of one log)"
+    return f"the simulator, seed {seed}, without the clicks of partition 0's users (of 3)"
+
+
+def write_clickless(path: Path, seed: int, impressions: int) -> None:
+    """The simulator's stream in ``ctr simulate``'s JSONL, the clicks of partition 0's users taken out."""
+    events = Simulator(Config().simulator, seed=seed).stream(impressions)
+    kept = (e for e in events if not (e[0] == "click" and partition_of(e[1]["user_id"], 3) == 0))
+    write_jsonl(kept, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="100000,300000,1000000", help="log lengths, comma-separated")
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose ctr backtest runs")
-    ap.add_argument("--out", type=Path, default=RESULTS / "replay-memory.json")
+    ap.add_argument("--log", choices=("criteo", "clickless"), default="criteo", help="which log (docstring)")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/replay-memory[-clickless].json")
     args = ap.parse_args(argv)
+    name = "replay-memory.json" if args.log == "criteo" else "replay-memory-clickless.json"
+    out_file = args.out or RESULTS / name
     lengths = sorted(int(r) for r in args.rows.split(","))
     code = args.code.resolve()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTR_")}
     env["PYTHONPATH"] = str(code)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="replay-memory-") as tmp:
+        print(f"code {code} ({commit_of(code)}); {describe(args.log, args.seed)}", flush=True)
         longest = Path(tmp) / "log.txt"
-        labels, counts, values = generate(args.seed, lengths[-1], INTERACTION)
-        write(longest, labels, counts, values)
-        del labels, counts, values
-        print(f"code {code} ({commit_of(code)}); Criteo-layout log, seed {args.seed}", flush=True)
+        if args.log == "criteo":
+            labels, counts, values = generate(args.seed, lengths[-1], INTERACTION)
+            write(longest, labels, counts, values)
+            del labels, counts, values
         for rows in lengths:
             log, out = Path(tmp) / f"log-{rows}.txt", Path(tmp) / f"bt-{rows}"
-            with longest.open() as src, log.open("w") as dst:
-                dst.writelines(itertools.islice(src, rows))
+            if args.log == "clickless":
+                write_clickless(log, args.seed, rows)
+            else:
+                with longest.open() as src, log.open("w") as dst:
+                    dst.writelines(itertools.islice(src, rows))
             cli = "from pipeline.ops.cli import main; raise SystemExit(main())"
-            backtest = ["backtest", "--source", str(log), "--format", "criteo", "--out", str(out)]
+            fmt = "criteo" if args.log == "criteo" else "jsonl"
+            backtest = ["backtest", "--source", str(log), "--format", fmt, "--out", str(out)]
             rc, wall, mb = peak_rss_run(cli, backtest, env, code)  # python -c puts the cwd first
             if rc != 0:
                 print(f"ctr backtest failed on {rows:,} rows (exit {rc})", file=sys.stderr)
@@ -133,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
             "code": str(code),
             "commit": commit_of(code),
-            "log": f"benchmarks/criteo_like.py --seed {args.seed} (prefixes of one log)",
+            "log": describe(args.log, args.seed),
             "config": "defaults (3 partitions, blocks of 100,000, DeepFM)",
             "cpus": os.cpu_count(),
             "load_avg_1m_before": os.getloadavg()[0],
@@ -141,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "growth_mb_per_100k_rows": slope,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out_file}")
     return 0
 
 

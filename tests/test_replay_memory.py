@@ -1,5 +1,5 @@
 """benchmarks/replay_memory.py: the peak memory it reads is the child's own, and it runs end to end
-(two short Criteo-layout logs through ``ctr backtest``)."""
+(two short Criteo-layout logs through ``ctr backtest``, and a click-less one)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,11 @@ def test_it_replays_each_length_and_writes_every_figure(tmp_path: Path) -> None:
     for run in r["runs"]:
         assert run["examples"] == run["rows"] and run["peak_rss_mb"] > 100 and run["blocks"] >= 1
     assert r["growth_mb_per_100k_rows"] is not None and r["meta"]["commit"]
+
+
+def test_the_clickless_log_replays_too(tmp_path: Path) -> None:
+    out = tmp_path / "replay-memory-clickless.json"
+    assert main(["--rows", "2000", "--log", "clickless", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [run["rows"] for run in r["runs"]] == [2_000] and "partition 0" in r["meta"]["log"]
+    assert 1_900 < r["runs"][0]["examples"] <= 2_000 and r["runs"][0]["peak_rss_mb"] > 100

@@ -34,7 +34,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.joiner import Joiner
 
-__all__ = ["PartitionTask", "UserFeatures", "stream_kinds"]
+__all__ = ["NO_MORE", "PartitionTask", "UserFeatures", "stream_kinds"]
 
 
 @dataclass
@@ -105,13 +105,22 @@ class PartitionTask:
             s.next_offset = offset  # everything before it is processed (or never existed)
         s.buffer.append((offset, _SKIP if event is None else event))
 
-    def run(self, now: float | None = None, at_end: Callable[[str], bool] | None = None) -> None:
+    def run(
+        self,
+        now: float | None = None,
+        at_end: Callable[[str], bool] | None = None,
+        ahead: Callable[[str], int | None] | None = None,
+    ) -> None:
         """Merge and process what can be processed deterministically; then advance the watermark.
 
         A stream may run ahead only while every other stream without a buffered event is *idle*:
         silent for ``idle_s`` and, if ``at_end`` is given, read up to the end of its partition (a
         backlog the consumer has not fetched yet is not idleness; waiting for it keeps replays
-        identical).
+        identical). ``ahead`` (a replay that has read its input ahead,
+        :mod:`pipeline.join.lookahead`) may say more of a stream without a buffered event: a lower
+        bound on the time of every event it will still get (:data:`NO_MORE` once it gets none), so
+        the others run ahead up to, not including, that time, as they would with its next event
+        buffered; ``None``: not known, wait.
         """
         now = time.monotonic() if now is None else now
         streams = list(self.streams.items())
@@ -124,19 +133,23 @@ class PartitionTask:
         while True:
             take: _Stream | None = None
             rank = 0
+            coming = NO_MORE  # the earliest time an event still to come on an empty stream may have
             for i, (kind, s) in enumerate(streams):
                 if s.buffer:
                     if take is None or _ts(s.buffer[0][1]) < _ts(take.buffer[0][1]):
                         take, rank = s, i  # ties: the first kind in stream order
                 elif not idle(kind):
-                    take = None
-                    break  # wait for it: taking now would depend on fetch timing
-            if take is None:
+                    bound = None if ahead is None else ahead(kind)
+                    if bound is None:
+                        take = None
+                        break  # wait for it: taking now would depend on fetch timing
+                    coming = min(coming, bound)
+            if take is None or _ts(take.buffer[0][1]) >= coming:
                 break
             # take a run: every head the choice above would pick again, i.e. each event earlier
             # than the other streams' heads (or as early, from a stream before theirs in order);
             # the other buffers do not change meanwhile, and the idle ones stay idle at ``now``
-            limit = _NO_LIMIT
+            limit = coming
             for i, (_, s) in enumerate(streams):
                 if s is not take and s.buffer:
                     limit = min(limit, _ts(s.buffer[0][1]) + (rank < i))
@@ -196,7 +209,7 @@ class _Skip:
 
 
 _SKIP: Any = _Skip()
-_NO_LIMIT = 2**63  # after any event time (validation bounds them to the year 9999)
+NO_MORE = 2**63  # after any event time (validation bounds them to the year 9999)
 
 
 def _ts(event: Any) -> int:

@@ -12,7 +12,12 @@ on batch sizes. Refused events become dead letters with the daemon's reasons.
 
 In a replay no stream is ever idle before the input ends (the daemon's idleness needs a caught-up
 partition, which a backlog is not), so :meth:`PartitionedJoin.step` only merges what both streams
-have buffered, and :meth:`PartitionedJoin.finish` lets every task run to its end.
+have buffered, and :meth:`PartitionedJoin.finish` lets every task run to its end. Where a task
+holds more than :data:`~pipeline.join.lookahead.STALLED` events (a stream that is sparse or has
+ended: a partition without clicks, conversions joined on a log without them), a replay given
+``read_ahead`` (a fresh read of its input) reads it ahead once (:mod:`pipeline.join.lookahead`) and
+from then on tells each task how soon its empty streams get an event again, so the task runs the
+others as far as the daemon, which sees every stream's head, would.
 
 Nor is a partition idle for the example merge, so a partition without examples would hold back
 every other's until the input ends (a Criteo log has one user, "anon": one partition gets every
@@ -28,8 +33,10 @@ fixed places of the input.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from features.aggregations import FeatureRow
@@ -40,12 +47,14 @@ from pipeline.core.partitioning import KeyHashes
 from pipeline.core.types import Clock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.join.example_merge import ExampleMerge
-from pipeline.join.partition_task import PartitionTask
+from pipeline.join.lookahead import STALLED, Lookahead
+from pipeline.join.partition_task import PartitionTask, stream_kinds
 from pipeline.join.stats import JoinStats
 
 __all__ = ["PROMISE_EVERY", "PartitionedJoin"]
 
 PROMISE_EVERY = 1_024  # input events between the tasks' promises to the example merge
+log = logging.getLogger(__name__)
 
 
 class DeadLetterSink(Protocol):
@@ -55,12 +64,21 @@ class DeadLetterSink(Protocol):
 class PartitionedJoin:
     """``cfg.kafka.partitions`` partition tasks behind one validator; see the module docstring."""
 
-    def __init__(self, cfg: Config, clock: Clock, dead_letters: DeadLetterSink) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        clock: Clock,
+        dead_letters: DeadLetterSink,
+        read_ahead: Callable[[], Iterable[list[RawEvent]]] | None = None,
+    ) -> None:
         self.partitions = n = cfg.kafka.partitions
         if n < 1:
             raise ValueError(f"kafka.partitions must be >= 1, got {n}")
         hashes = KeyHashes()
-        self._route = lambda key: hashes(key) % n
+        self._route: Callable[[bytes], int] = lambda key: hashes(key) % n
+        self._read_ahead = read_ahead
+        self._kinds = stream_kinds(cfg)
+        self.lookahead: Lookahead | None = None  # the input read ahead, once a task stalled
         self.validator = Validator(
             cfg.validation, clock, lambda user: hashes(user.encode("utf-8", "surrogatepass")) % n
         )
@@ -97,18 +115,40 @@ class PartitionedJoin:
 
     def _run_tasks(self) -> None:
         """Each task processes what it can; its examples and rejections go to the merge and sink."""
+        ahead = self.lookahead
         for task in self.tasks:
-            task.run(at_end=_never)
+            if ahead is None:
+                task.run(at_end=_never)
+            else:
+                bound = functools.partial(ahead.bound, partition=task.partition, offered=self._events)
+                task.run(at_end=_never, ahead=bound)
             self._drain(task)
 
     def _promise(self) -> list[LabelledExample]:
         """Every task promises the merge its bound (see the module docstring); what that frees."""
         self._run_tasks()
+        if self._read_ahead is not None and self.lookahead is None and self._stalled():
+            self._read_input_ahead()
         horizon = max(task.joiner.max_ts for task in self.tasks) - self._horizon_ms
         for task in self.tasks:
             held = task.oldest_open_ts()
             self.merge.promise(task.partition, horizon if held is None else min(held, horizon))
         return self.merge.pop()
+
+    def _stalled(self) -> bool:
+        return max(task.buffered for task in self.tasks) > STALLED
+
+    def _read_input_ahead(self) -> None:
+        """A task stalled on a stream without events (module docstring): read the input ahead."""
+        assert self._read_ahead is not None
+        stalled = max(self.tasks, key=lambda t: t.buffered)
+        log.info(
+            "partition %d holds %s events waiting on a stream without any: reading the input ahead once",
+            stalled.partition,
+            f"{stalled.buffered:,}",
+        )
+        self.lookahead = Lookahead(self._read_ahead(), self._route, self._kinds)
+        self._run_tasks()
 
     def finish(self, flush: bool = True) -> list[LabelledExample]:
         """The input ended: run every task to its end (``flush``: close every open window too)."""

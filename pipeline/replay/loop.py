@@ -74,7 +74,9 @@ class OnlineLoop:
     offsets: OffsetPublisher | None = None  # the champion's online offset, to the replicas
 
     def __post_init__(self) -> None:
-        self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters)
+        # a file or seeded source can be read again from its start: the join's read-ahead
+        read_again = getattr(self.source, "read_again", None)
+        self.join = PartitionedJoin(self.cfg, self.source.clock, self.dead_letters, read_again)
         self.items = ItemStage.of(self.cfg)
         self.result = LoopResult()
         self._since_push = 0
