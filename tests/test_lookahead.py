@@ -77,7 +77,7 @@ def test_a_partition_without_clicks_no_longer_holds_its_impressions_until_the_en
     assert [e.to_json() for e in read] == [e.to_json() for e in waited] and len(read) > 5_000
     small, _, _ = replayed(cfg, raw, 37, ahead=True)
     assert [e.to_json() for e in small] == [e.to_json() for e in read]
-    assert join.stats["examples_past_merge_promise"] == 0
+    assert join.stats["examples_past_merge_promise"] == 0 and join.stats["events_read_ahead"] == len(raw)
     daemon: list[bytes] = []
     for p, records in as_kafka_holds(raw, 3).items():
         daemon += fed_as_the_daemon(cfg, p, records, random.Random(p))
@@ -101,7 +101,7 @@ def test_without_a_stall_the_input_is_not_read_again() -> None:
     for b in range(0, len(raw), 250):
         join.step([dataclasses.replace(r) for r in raw[b : b + 250]])
     join.finish()
-    assert join.lookahead is None and calls == []
+    assert join.lookahead is None and calls == [] and join.stats["events_read_ahead"] == 0
 
 
 def test_a_task_runs_the_other_streams_up_to_the_bound_it_is_told() -> None:

@@ -174,6 +174,8 @@ class PartitionedJoin:
             for name, n in task.joiner.stats.as_dict().items():
                 total[name] += n
         total["examples_past_merge_promise"] = self.merge.broken_promises
+        # the input read again to see ahead (pipeline.join.lookahead): 0 unless a task stalled
+        total["events_read_ahead"] = 0 if self.lookahead is None else self.lookahead.events
         # idle users forgotten (features.forget_idle_s), and lookups that may have missed one
         total["users_forgotten"] = sum(task.features.forgotten for task in self.tasks)
         total["lookups_past_forget"] = sum(task.features.past_forget for task in self.tasks)
