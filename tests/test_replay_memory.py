@@ -1,5 +1,5 @@
 """benchmarks/replay_memory.py: the peak memory it reads is the child's own, and it runs end to end
-(two short Criteo-layout logs through ``ctr backtest``, and a click-less one)."""
+(two short Criteo-layout logs through ``ctr backtest``; the click-less log it can write)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.replay_memory import growth_per_100k, main, peak_rss_run
+from benchmarks.replay_memory import describe, growth_per_100k, main, peak_rss_run, write_clickless
+from pipeline.core.partitioning import partition_of
 
 
 def test_the_peak_is_the_childs_own() -> None:
@@ -43,9 +44,13 @@ def test_it_replays_each_length_and_writes_every_figure(tmp_path: Path) -> None:
     assert r["growth_mb_per_100k_rows"] is not None and r["meta"]["commit"]
 
 
-def test_the_clickless_log_replays_too(tmp_path: Path) -> None:
-    out = tmp_path / "replay-memory-clickless.json"
-    assert main(["--rows", "2000", "--log", "clickless", "--out", str(out)]) == 0
-    r = json.loads(out.read_text())
-    assert [run["rows"] for run in r["runs"]] == [2_000] and "partition 0" in r["meta"]["log"]
-    assert 1_900 < r["runs"][0]["examples"] <= 2_000 and r["runs"][0]["peak_rss_mb"] > 100
+def test_the_clickless_log_has_no_click_of_one_partitions_users(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_clickless(path, seed=9, impressions=3_000)
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    clicks = {partition_of(e["user_id"], 3) for e in events if e["type"] == "click"}
+    users = {partition_of(e["user_id"], 3) for e in events if e["type"] == "impression"}
+    assert clicks == {1, 2} and users == {0, 1, 2}
+    assert sum(e["type"] == "impression" for e in events) >= 3_000 and "partition 0" in describe(
+        "clickless", 9
+    )
