@@ -84,12 +84,16 @@ def test_a_partition_without_clicks_no_longer_holds_its_impressions_until_the_en
     assert sorted(e.to_json() for e in read) == sorted(daemon)
 
 
-def test_conversions_joined_on_a_log_without_any_are_joined_as_the_log_goes() -> None:
+def test_conversions_joined_on_a_log_without_any_are_joined_as_the_log_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     cfg, raw = config(3), slow_events(6_000)
     cfg.joiner.conversion_window_s = 600.0
     assert not any(r.kind == "conversion" for r in raw)
     waited, most_waiting, _ = replayed(cfg, raw, 250, ahead=False)
     read, most_read, _ = replayed(cfg, raw, 250, ahead=True)
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.join.partitioned_join"]
+    assert len(said) == 1 and "waiting for its conversions," in said[0]  # once, naming the stream
     assert most_waiting > len(raw) // 4 and most_read < STALLED + PROMISE_EVERY
     assert [e.to_json() for e in read] == [e.to_json() for e in waited] and len(read) > 5_000
 

@@ -142,10 +142,13 @@ class PartitionedJoin:
         """A task stalled on a stream without events (module docstring): read the input ahead."""
         assert self._read_ahead is not None
         stalled = max(self.tasks, key=lambda t: t.buffered)
-        log.info(
-            "partition %d holds %s events waiting on a stream without any: reading the input ahead once",
+        empty = [kind for kind, s in stalled.streams.items() if not s.buffer]
+        log.warning(  # once a replay; says what the log lacks (a partition's clicks, all conversions?)
+            "partition %d holds %s events waiting for its %s, which have not come for that long: "
+            "reading the input ahead once to see when they do (the examples stay the same)",
             stalled.partition,
             f"{stalled.buffered:,}",
+            " and ".join(f"{kind}s" for kind in empty) or "other streams",
         )
         self.lookahead = Lookahead(self._read_ahead(), self._route, self._kinds)
         self._run_tasks()
