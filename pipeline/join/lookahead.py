@@ -26,7 +26,6 @@ promise places), which no stream with regular clicks reaches.
 
 from __future__ import annotations
 
-import logging
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 
@@ -41,7 +40,6 @@ __all__ = ["STALLED", "Lookahead"]
 STALLED = 16_384  # events held by one partition task before a replay reads its input ahead
 
 _LOWEST = -(2**62)  # below any valid event time: a garbled one only makes the bound conservative
-log = logging.getLogger(__name__)
 
 
 class Lookahead:

@@ -48,7 +48,7 @@ from pipeline.core.types import Clock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.join.example_merge import ExampleMerge
 from pipeline.join.lookahead import STALLED, Lookahead
-from pipeline.join.partition_task import PartitionTask, stream_kinds
+from pipeline.join.partition_task import PartitionTask
 from pipeline.join.stats import JoinStats
 
 __all__ = ["PROMISE_EVERY", "PartitionedJoin"]
@@ -77,7 +77,6 @@ class PartitionedJoin:
         hashes = KeyHashes()
         self._route: Callable[[bytes], int] = lambda key: hashes(key) % n
         self._read_ahead = read_ahead
-        self._kinds = stream_kinds(cfg)
         self.lookahead: Lookahead | None = None  # the input read ahead, once a task stalled
         self.validator = Validator(
             cfg.validation, clock, lambda user: hashes(user.encode("utf-8", "surrogatepass")) % n
@@ -117,11 +116,12 @@ class PartitionedJoin:
         """Each task processes what it can; its examples and rejections go to the merge and sink."""
         ahead = self.lookahead
         for task in self.tasks:
-            if ahead is None:
-                task.run(at_end=_never)
-            else:
-                bound = functools.partial(ahead.bound, partition=task.partition, offered=self._events)
-                task.run(at_end=_never, ahead=bound)
+            bound = (
+                None
+                if ahead is None
+                else functools.partial(ahead.bound, partition=task.partition, offered=self._events)
+            )
+            task.run(at_end=_never, ahead=bound)
             self._drain(task)
 
     def _promise(self) -> list[LabelledExample]:
@@ -150,7 +150,7 @@ class PartitionedJoin:
             f"{stalled.buffered:,}",
             " and ".join(f"{kind}s" for kind in empty) or "other streams",
         )
-        self.lookahead = Lookahead(self._read_ahead(), self._route, self._kinds)
+        self.lookahead = Lookahead(self._read_ahead(), self._route, stalled.streams)  # the kinds merged
         self._run_tasks()
 
     def finish(self, flush: bool = True) -> list[LabelledExample]:
