@@ -31,7 +31,10 @@ hangs, or has not answered in ``HELPER_PATIENCE_S`` is replaced (spawned: by the
 threads) and the worker prepares that version itself: at nice 19 on a saturated host (requests,
 or any other job at normal priority) the helper gets almost no CPU (the service-fault test, beside
 two benchmark runs, saw a swap not done after 4.5 minutes), and a swap that waits on it for ever
-is worse than one that costs the requests ~250 ms of CPU. The helper exits when its worker does
+is worse than one that costs the requests ~250 ms of CPU. The successor is spawned at once and
+is asked nothing until it says it is ready (its imports and warm-up done: at nice 19 on a busy host
+that alone took longer than the patience, so every later swap waited 10 s and was then prepared in
+the worker all the same). The helper exits when its worker does
 (its end of the pipe closes). Old folders are removed once
 ``keep`` newer ones exist: a loaded model lives in the workers' memory, the folder only serves loads.
 
@@ -60,13 +63,14 @@ from pipeline.core import logs
 from pipeline.core.checkpoints import file_lock
 from pipeline.core.config import RegistryConfig
 
-__all__ = ["HELPER_PATIENCE_S", "ModelHelper", "PreparedModelStore", "prepare"]
+__all__ = ["HELPER_PATIENCE_S", "HelperStarting", "ModelHelper", "PreparedModelStore", "prepare"]
 
 log = logging.getLogger(__name__)
 
 # a helper that has not prepared a version by then (starved of CPU at nice 19, or MLflow hung) is
 # replaced and the worker prepares the version itself (~0.1-0.3 s of CPU when the host is free)
 HELPER_PATIENCE_S = 10.0
+_READY = ("ready",)  # the helper's first message, once its imports and warm-up are done
 _HELPER_NICE = 19
 _EVICT_AFTER_S = 60.0  # a folder is only removed this long after it was written (no load is that slow)
 
@@ -108,18 +112,19 @@ def _helper_main(
 
     torch.set_num_threads(1)  # it runs beside the requests: one core's idle time at most
     store = _warmed_store(registry, tracking_uri, device)
-    while True:
-        try:
+    try:
+        conn.send(_READY)  # asked nothing before this: the worker prepares versions itself until then
+        while True:
             version, folder, inference = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            store = store or MlflowModelStore(registry, tracking_uri)
-            prepare(store, version, Path(folder), inference, device)
-            answer = None
-        except Exception as exc:  # the worker raises it: a load error, counted there
-            answer = f"{type(exc).__name__}: {exc}"
-        conn.send(answer)
+            try:
+                store = store or MlflowModelStore(registry, tracking_uri)
+                prepare(store, version, Path(folder), inference, device)
+                answer = None
+            except Exception as exc:  # the worker raises it: a load error, counted there
+                answer = f"{type(exc).__name__}: {exc}"
+            conn.send(answer)
+    except (EOFError, OSError):  # the worker closed its end: it exited, or gave up on this helper
+        return
 
 
 def _warmed_store(registry: RegistryConfig, tracking_uri: str, device: str | None) -> Any:
@@ -140,6 +145,10 @@ def _warmed_store(registry: RegistryConfig, tracking_uri: str, device: str | Non
     return store
 
 
+class HelperStarting(TimeoutError):
+    """The helper has not finished its start (imports, warm-up) yet: it is not asked, not waited for."""
+
+
 class ModelHelper:
     """The helper process of one worker (module doc) and its end of the pipe."""
 
@@ -147,6 +156,7 @@ class ModelHelper:
         self.registry, self.tracking_uri, self.device = registry, tracking_uri, device
         self._proc: Any = None
         self._conn: Connection | None = None
+        self._ready = False  # its _READY received
         self._lock = threading.Lock()  # one question at a time (the champion and challenger watchers)
 
     def start(self, method: str = "spawn", *, not_inherited: Sequence[socket.socket] = ()) -> ModelHelper:
@@ -171,33 +181,52 @@ class ModelHelper:
             os.setpriority(os.PRIO_PROCESS, proc.pid, _HELPER_NICE)
         except OSError:
             log.warning("serve: could not lower the model helper's priority", exc_info=True)
-        self._proc, self._conn = proc, ours
+        self._proc, self._conn, self._ready = proc, ours, False
         return self
 
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else int(self._proc.pid)
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether the helper has finished its start (imports, warm-up), waiting up to ``timeout_s``."""
+        with self._lock:
+            return self._is_ready(timeout_s)
+
+    def _is_ready(self, timeout_s: float = 0.0) -> bool:
+        conn = self._conn
+        if not self._ready and conn is not None and conn.poll(timeout_s):
+            self._ready = conn.recv() == _READY  # its first message (OSError, EOFError: it died)
+        return self._ready
+
     def prepare(self, version: str, folder: Path, inference: str) -> None:
         """Have the helper prepare ``version`` into ``folder``; raises its reason if it failed
-        (RuntimeError), or TimeoutError / OSError if it did not answer in ``HELPER_PATIENCE_S`` or
-        died: it is then closed, and replaced (spawned: the worker has threads by now) at the next
-        call."""
+        (RuntimeError), :class:`HelperStarting` at once while it is still starting (a spawned
+        one imports ~4 s of code at nice 19 first: on a busy host far longer than the patience),
+        or TimeoutError / OSError if it did not answer in ``HELPER_PATIENCE_S`` or died: it is
+        then replaced at once (spawned: the worker has threads by now), so that its successor
+        starts while the worker prepares this version itself."""
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
-                self.close()
-                self.start("spawn")
-            conn = self._conn  # close() from another thread (shutdown) sets the attribute to None
-            assert conn is not None
             try:
+                if self._proc is None or not self._proc.is_alive():
+                    raise OSError("the model helper is not running")
+                if not self._is_ready():
+                    raise HelperStarting(
+                        f"the model helper is still starting; not asked for version {version}"
+                    )
+                conn = self._conn  # close() from another thread (shutdown) sets the attribute to None
+                assert conn is not None
                 conn.send((version, str(folder), inference))
                 if not conn.poll(HELPER_PATIENCE_S):
                     raise TimeoutError(
                         f"the model helper has not prepared version {version} in {HELPER_PATIENCE_S:.0f} s"
                     )
                 answer = conn.recv()
+            except HelperStarting:
+                raise
             except (OSError, EOFError, TimeoutError):
                 self.close()
+                self.start("spawn")
                 raise
         if answer is not None:
             raise RuntimeError(f"preparing version {version} failed in the model helper: {answer}")
@@ -217,6 +246,7 @@ class ModelHelper:
                 self._proc.kill()
                 self._proc.join()
         self._proc = self._conn = None
+        self._ready = False
 
 
 @dataclass
@@ -257,8 +287,14 @@ class PreparedModelStore:
                         self.helper.prepare(str(version), folder, self.inference)
                         self.prepared_by_helper += 1
                     except (OSError, EOFError, TimeoutError) as exc:
-                        where = "here, the helper having failed"
-                        log.warning("serve: %s; preparing version %s in the worker", exc, version)
+                        starting = isinstance(exc, HelperStarting)
+                        where = "here, the helper " + ("starting" if starting else "having failed")
+                        log.log(
+                            logging.INFO if starting else logging.WARNING,
+                            "serve: %s; preparing version %s in the worker",
+                            exc,
+                            version,
+                        )
                         if not folder.is_dir():  # unless the helper finished meanwhile after all
                             self._prepare_here(version, folder)
                 self._evict(folder)

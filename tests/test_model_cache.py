@@ -90,16 +90,22 @@ def _helper(store: MlflowModelStore) -> ModelHelper:
 
 @pytest.fixture
 def patient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A spawned helper imports torch and MLflow at nice 19 before its first answer: on a busy
-    machine that alone can pass HELPER_PATIENCE_S. Tests of what the helper does wait for it."""
+    """A busy machine can starve a nice-19 helper past HELPER_PATIENCE_S: tests of what the
+    helper does wait for it (and for its start, :meth:`ModelHelper.wait_ready`)."""
     monkeypatch.setattr(model_cache, "HELPER_PATIENCE_S", 300.0)
+
+
+def _started(helper: ModelHelper) -> ModelHelper:
+    """``helper``, its start (imports, warm-up) done: until then a worker prepares versions itself."""
+    assert helper.wait_ready(300.0)
+    return helper
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowModelStore, list[str]]:
     out = tmp_path_factory.mktemp("mlflow")
     store = MlflowModelStore.embedded(RegistryConfig(model_name="cache-test", experiment="cache-test"), out)
-    versions = [store.publish(_trained(seed), {"block": seed}, {"logloss": 0.5}) for seed in (1, 2, 3)]
+    versions = [store.publish(_trained(seed), {"block": seed}, {"logloss": 0.5}) for seed in (1, 2, 3, 4)]
     return store, versions
 
 
@@ -119,8 +125,8 @@ def test_serving_folder_round_trip_keeps_the_traced_probabilities(tmp_path: Path
 def test_workers_of_a_host_prepare_each_version_once_off_the_request_path(
     registry: tuple[MlflowModelStore, list[str]], tmp_path: Path, patient: None
 ) -> None:
-    store, (v1, v2, _) = registry
-    first = PreparedModelStore(store, tmp_path / "models", _helper(store).start())
+    store, (v1, v2, *_) = registry
+    first = PreparedModelStore(store, tmp_path / "models", _started(_helper(store).start()))
     second = PreparedModelStore(store, tmp_path / "models", _helper(store))  # another worker, same host
     try:
         pid = first.helper.pid
@@ -142,17 +148,23 @@ def test_workers_of_a_host_prepare_each_version_once_off_the_request_path(
 def test_a_failed_prepare_raises_its_reason_and_a_dead_helper_is_replaced(
     registry: tuple[MlflowModelStore, list[str]], tmp_path: Path, patient: None
 ) -> None:
-    store, (v1, v2, v3) = registry
+    store, (v1, v2, v3, v4) = registry
     cache = PreparedModelStore(store, tmp_path / "models", _helper(store).start(), inference="eager")
     try:
-        cache.load(v1)
+        cache.load(v1)  # start-up: prepared in the worker
+        _started(cache.helper)
         with pytest.raises(RuntimeError, match="preparing version 999 failed in the model helper"):
             cache.load("999")
         assert not (tmp_path / "models" / "999-eager").exists()
         assert cache.load(v2).inference == "eager"  # the same helper goes on
+        killed = cache.helper.pid
         cache.helper.kill()
         np.testing.assert_array_equal(_probs(cache.load(v3)), _probs(store.load(v3)))
-        assert cache.prepared_by_helper == 2
+        assert (cache.prepared_here, cache.prepared_by_helper) == (2, 1)  # v3: not waiting on a dead one
+        assert cache.helper.pid not in (None, killed)  # its successor, started at once
+        _started(cache.helper)
+        np.testing.assert_array_equal(_probs(cache.load(v4)), _probs(store.load(v4)))
+        assert (cache.prepared_here, cache.prepared_by_helper) == (2, 2)
     finally:
         cache.close()
 
@@ -162,23 +174,48 @@ def test_a_starved_helper_is_replaced_and_the_worker_prepares_the_version_itself
 ) -> None:
     """A nice-19 helper on a saturated host gets next to no CPU: SIGSTOP is that, to the limit. The
     swap must not wait on it for ever: after HELPER_PATIENCE_S the worker prepares the version."""
-    store, (v1, v2, v3) = registry
+    store, (v1, v2, v3, _) = registry
     monkeypatch.setattr(model_cache, "HELPER_PATIENCE_S", 1.0)
     cache = PreparedModelStore(store, tmp_path / "models", _helper(store).start(), inference="eager")
     try:
         cache.load(v1)
-        stopped = cache.helper.pid
+        stopped = _started(cache.helper).pid
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)
         np.testing.assert_array_equal(_probs(cache.load(v2)), _probs(store.load(v2)))
         assert (cache.prepared_here, cache.prepared_by_helper) == (2, 0)
-        assert cache.helper.pid is None  # the stopped helper was killed
-        with pytest.raises(ProcessLookupError):
+        with pytest.raises(ProcessLookupError):  # the stopped helper was killed ...
             os.kill(stopped, 0)
-        monkeypatch.setattr(model_cache, "HELPER_PATIENCE_S", 120.0)  # a new helper's start-up
-        cache.load(v3)  # the next swap has a new helper again
-        assert cache.prepared_by_helper == 1 and cache.helper.pid not in (None, stopped)
+        assert cache.helper.pid not in (None, stopped)  # ... and its successor started at once
+        _started(cache.helper)
+        monkeypatch.setattr(model_cache, "HELPER_PATIENCE_S", 120.0)  # its first prepare, on a busy host
+        cache.load(v3)  # the next swap has the new helper
+        assert cache.prepared_by_helper == 1
     finally:
+        cache.close()
+
+
+def test_a_helper_still_starting_is_not_waited_for(
+    registry: tuple[MlflowModelStore, list[str]], tmp_path: Path, patient: None
+) -> None:
+    """A spawned helper imports torch and MLflow at nice 19 first: on a busy host that alone took
+    longer than HELPER_PATIENCE_S, and every swap waited that long. A helper that has not said it is
+    ready (here: stopped before it could) is not asked; the worker prepares the version at once, and
+    the helper is left to finish its start."""
+    store, (v1, v2, *_) = registry
+    cache = PreparedModelStore(store, tmp_path / "models", _helper(store).start(), inference="eager")
+    starting = cache.helper.pid
+    assert starting is not None
+    os.kill(starting, signal.SIGSTOP)
+    try:
+        cache.load(v1)
+        np.testing.assert_array_equal(_probs(cache.load(v2)), _probs(store.load(v2)))
+        # not asked, so not given up on after the patience either: the same helper, not replaced
+        assert (cache.prepared_here, cache.prepared_by_helper) == (2, 0) and cache.helper.pid == starting
+        os.kill(starting, signal.SIGCONT)
+        assert cache.helper.wait_ready(300.0)  # the same helper, its start finished
+    finally:
+        os.kill(starting, signal.SIGCONT)
         cache.close()
 
 
@@ -244,7 +281,7 @@ def test_a_version_prepared_twice_at_once_is_served_not_failed(
     """A helper given up on (HELPER_PATIENCE_S) may finish after all while its worker prepares the
     same version: the second to finish finds the folder there and uses it (it failed with ENOTEMPTY,
     and the replica stayed on the old version until the next swap)."""
-    store, (v1, _, _) = registry
+    store, (v1, *_) = registry
     folder = tmp_path / "models" / f"{v1}-eager"
     folder.parent.mkdir()
     model_cache.prepare(store, v1, folder, "eager", None)  # the helper, late
