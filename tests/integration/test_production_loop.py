@@ -46,6 +46,10 @@ SEED = 21
 PARTITIONS = 3
 WINDOW_S, LAG_S = 900.0, 60.0
 BLOCK = 60_000
+# A daemon restarted after a kill joins its consumer group as the systemd units run it: a static
+# member (their CTR_KAFKA_GROUP_INSTANCE_ID=%H) takes its partitions back at once, where a new
+# dynamic member waits until the broker expires the dead one (session.timeout.ms, 45 s).
+AS_SYSTEMD_RUNS_IT = {"CTR_KAFKA_GROUP_INSTANCE_ID": "it-host-a"}
 
 
 @dataclass
@@ -169,7 +173,8 @@ def deployment(
     """The production profile, fault-free: ``ctr joiner``, ``ctr trainer`` and two ``ctr serve``
     replicas over the stream, the trainer stopped once it trained the stream's last full block."""
     r = Run(services, stream, tmp_path_factory.mktemp("deployment"))
-    joiner = r.start("joiner", "--exit-when-idle", "15")
+    # its input is all on Kafka: it stops once its group has read it all and holds no event
+    joiner = r.start("joiner", "--exit-when-idle", "3")
     trainer = r.start("trainer")
     replicas = [
         r.start("serve", "--port", str(20_000 + random.randrange(5_000))),
@@ -357,11 +362,11 @@ def test_kill_9_of_the_joiner_loses_and_duplicates_nothing(
     ref_run, ref_examples = reference
     rng = random.Random(5)
     for _ in range(2):  # two crashes at random points of the stream
-        proc = run.start("joiner")
+        proc = run.start("joiner", **AS_SYSTEMD_RUNS_IT)
         wait_for_examples(run, rng.randrange(20_000, 200_000))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    finish(run.start("joiner", "--exit-when-idle", "10"))
+    finish(run.start("joiner", "--exit-when-idle", "3", **AS_SYSTEMD_RUNS_IT))
     examples, _ = run.examples()  # repeats are allowed only as byte-identical copies
     assert_same_examples(examples, ref_examples)
     users = sorted({json.loads(v)["impression"]["user_id"] for v in list(examples.values())[:50]})
@@ -371,8 +376,9 @@ def test_kill_9_of_the_joiner_loses_and_duplicates_nothing(
 def test_two_joiners_in_one_group_produce_what_one_produces(
     run: Run, reference: tuple[Run, dict[str, bytes]]
 ) -> None:
-    first = run.start("joiner", "--exit-when-idle", "15")
-    second = run.start("joiner", "--exit-when-idle", "15")
+    # neither stops before the group has read everything (ctr joiner's caught_up): a short idle
+    first = run.start("joiner", "--exit-when-idle", "3")
+    second = run.start("joiner", "--exit-when-idle", "3")
     finish(first)
     finish(second)
     examples, _ = run.examples()
@@ -440,7 +446,7 @@ def test_kill_9_of_the_trainer_leaves_no_gap_in_the_lineage(
         log = (run.tmp / f"trainer-{len(run.procs)}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.ops.cli", "trainer", *args],
-            env=run.env(**env_topic),
+            env=run.env(**env_topic, **AS_SYSTEMD_RUNS_IT),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -525,7 +531,8 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
         "trainer": ("trainer",),  # stopped once it trained the last full block
         **{f"replica-{p}": ("serve", "--port", str(p)) for p in ports},
     }
-    procs = {name: run.start(*a) for name, a in args.items()}
+    env = {name: AS_SYSTEMD_RUNS_IT if name in ("joiner", "trainer") else {} for name in args}
+    procs = {name: run.start(*a, **env[name]) for name, a in args.items()}
     store = model_store(run)
     deadline = time.monotonic() + 600
     while store.resolve("champion") is None:  # the fleet has something to serve
@@ -545,7 +552,7 @@ def test_seeded_sigkills_of_joiner_trainer_and_replicas_lose_and_duplicate_nothi
         procs[name].send_signal(signal.SIGKILL)
         procs[name].wait()
         kills[kind] += 1
-        procs[name] = run.start(*args[name])  # what systemd's Restart=on-failure does
+        procs[name] = run.start(*args[name], **env[name])  # what systemd's Restart=on-failure does
         if kind == "replica":  # back before the next kill: one replica down at a time
             recovered[kind] += served_version(int(args[name][-1])) is not None
         else:
