@@ -22,7 +22,9 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import mlflow
 import pytest
@@ -73,17 +75,41 @@ def write_stream(path: Path, conversions: bool = False) -> int:
     return write_jsonl(events, path)
 
 
-def run(args: list[str], env: dict[str, str], log: Path, timeout: float = 900) -> str:
-    with log.open("wb") as err:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.ops.cli", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            timeout=timeout,
-        )
-    assert proc.returncode == 0, log.read_text()[-3000:]
-    return proc.stdout.decode()
+class Command:
+    """One ``ctr`` command in its own process, stderr to ``log``; :meth:`output` waits for it.
+
+    Commands that do not read each other's output run side by side (the backtest beside the
+    daemons, the trainer on one rank beside the one on two): most of each is start-up and waiting."""
+
+    started: ClassVar[list[Command]] = []  # killed after each test if still running (a failed assertion)
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.ops.cli", *args], env=env, stdout=subprocess.PIPE, stderr=err
+            )
+        Command.started.append(self)
+
+    def output(self, timeout: float = 900) -> str:
+        """Its stdout, once it exited 0 (its log's tail otherwise)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, self.log.read_text()[-3000:]
+        return out.decode()
+
+
+def run(args: list[str], env: dict[str, str], log: Path) -> str:
+    return Command(args, env, log).output()
+
+
+@pytest.fixture(autouse=True)
+def no_command_left() -> Iterator[None]:
+    yield
+    for command in Command.started:
+        if command.proc.poll() is None:
+            command.proc.kill()
+            command.proc.communicate()
+    Command.started.clear()
 
 
 def example_id(line: str | bytes) -> str:
@@ -149,25 +175,36 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     # the backtest, on the embedded profile (its own local registry)
     backtest_env = {n: v for n, v in env.items() if n != "CTR_REGISTRY_TRACKING_URI"}
     out = tmp_path / "backtest"
-    run(
+    backtest = Command(
         ["backtest", "--source", str(stream), "--out", str(out), "--examples-out", str(out / "ex.jsonl")],
         backtest_env,
         tmp_path / "bt.log",
     )
-    replayed = {example_id(line): line.encode() for line in (out / "ex.jsonl").read_text().splitlines()}
-    with (out / "metrics.csv").open() as f:  # a block: BLOCK click examples and their corrections
-        backtest_blocks = [
-            row for row in csv.DictReader(f) if int(row["examples"]) - int(row.get("corrections", 0)) == BLOCK
-        ]
 
     # the daemons, over Kafka, Redis and the MLflow server
     run(["produce", "--source", str(stream)], env, tmp_path / "produce.log")
     # each starts with all of its input on Kafka: it exits once its group read everything (and the
     # joiner holds no event in a task's merge), so a short idle costs nothing in exactness
     run(["joiner", "--exit-when-idle", "2"], env, tmp_path / "joiner.log")
+    # The trainer on two ranks too (trainer.ranks: torchrun, each rank half of every table's rows)
+    # from the same examples, beside the one on one rank: compared below.
+    ranked = env | {
+        "CTR_TRAINER_RANKS": "2",
+        "CTR_KAFKA_GROUP_ID_PREFIX": f"parity-ranks-{tag}",
+        "CTR_DAEMON_STATE_DIR": str(tmp_path / "state-ranks"),
+        "CTR_REGISTRY_MODEL_NAME": f"parity-model-ranks-{tag}",
+    }
+    on_two_ranks = Command(["trainer", "--exit-when-idle", "3"], ranked, tmp_path / "trainer-ranks.log")
     trained = json.loads(
         run(["trainer", "--exit-when-idle", "3"], env, tmp_path / "trainer.log").splitlines()[-1]
     )
+    backtest.output()
+    replayed = {example_id(line): line.encode() for line in (out / "ex.jsonl").read_text().splitlines()}
+    with (out / "metrics.csv").open() as f:  # a block: BLOCK click examples and their corrections
+        backtest_blocks = [
+            row for row in csv.DictReader(f) if int(row["examples"]) - int(row.get("corrections", 0)) == BLOCK
+        ]
+
     messages = examples_to_end(k.bootstrap_servers, k.examples_topic)
     produced = {example_id(m): m for m in messages}
 
@@ -230,16 +267,9 @@ def test_backtest_and_daemons_give_the_same_examples_blocks_and_metrics(
     log_odds, clicks, rows = json.loads(blends[champion.encode()])
     assert abs(log_odds) <= 10.0 and 0 < clicks < rows
 
-    # The trainer on two ranks (trainer.ranks: torchrun, each rank half of every table's rows) from
-    # the same examples: the same blocks, one version per accepted block, the same metrics but for
-    # float rounding (an AUC moves by 1 / (positives x negatives) when two scores 1e-8 apart swap).
-    ranked = env | {
-        "CTR_TRAINER_RANKS": "2",
-        "CTR_KAFKA_GROUP_ID_PREFIX": f"parity-ranks-{tag}",
-        "CTR_DAEMON_STATE_DIR": str(tmp_path / "state-ranks"),
-        "CTR_REGISTRY_MODEL_NAME": f"parity-model-ranks-{tag}",
-    }
-    out2 = run(["trainer", "--exit-when-idle", "3"], ranked, tmp_path / "trainer-ranks.log")
+    # The trainer on two ranks: the same blocks, one version per accepted block, the same metrics
+    # but for float rounding (an AUC moves by 1 / (positives x negatives) when two scores 1e-8 apart swap).
+    out2 = on_two_ranks.output()
     assert json.loads(out2.splitlines()[-1])["blocks"] == trained["blocks"]
     ranked_versions = {
         int(v.tags["block"]): v.tags
