@@ -116,17 +116,26 @@ def _metrics(path: Path) -> list[dict[str, str]]:
 
 
 def test_ctr_backtest_on_two_ranks_reports_what_one_process_reports(tmp_path: Path) -> None:
-    args = ["backtest", "--format", "simulator", "--impressions", "12000", "--train-every", "3000"]
-    _alone("-m", "pipeline.ops.cli", *args, "--out", tmp_path / "one")
-    # trainer.ranks = 2: the command starts itself again under torchrun, two ranks
-    _alone(
-        "-m",
-        "pipeline.ops.cli",
-        *args,
-        "--out",
-        tmp_path / "two",
-        env={**os.environ, "CTR_TRAINER_RANKS": "2"},
-    )
+    args = [sys.executable, "-m", "pipeline.ops.cli", "backtest", "--format", "simulator"]
+    args += ["--impressions", "12000", "--train-every", "3000", "--out"]
+    # side by side (most of each is start-up); trainer.ranks = 2: the command starts itself again
+    # under torchrun, two ranks
+    runs = [
+        subprocess.Popen([*args, str(tmp_path / "one")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+        subprocess.Popen(
+            [*args, str(tmp_path / "two")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "CTR_TRAINER_RANKS": "2"},
+        ),
+    ]
+    try:
+        for run in runs:
+            _, err = run.communicate(timeout=300)
+            assert run.returncode == 0, err[-3000:].decode(errors="replace")
+    finally:
+        for run in runs:
+            run.kill()
     one, two = _metrics(tmp_path / "one" / "metrics.csv"), _metrics(tmp_path / "two" / "metrics.csv")
     assert len(one) == len(two) == 4
     for a, b in zip(one, two, strict=True):
