@@ -34,7 +34,6 @@ from kafka.errors import (
 )
 from redis.exceptions import RedisError
 
-from features.aggregations import FeatureRow
 from features.store import FeatureWriter, open_store
 from pipeline.core import logs, systemd
 from pipeline.core.config import Config
@@ -47,7 +46,7 @@ from pipeline.core.validation import Validator
 from pipeline.daemons.joiner_metrics import JoinerMetrics
 from pipeline.daemons.joiner_state import TaskStates
 from pipeline.join.dead_letter_alarm import DeadLetterAlarm
-from pipeline.join.partition_task import PartitionTask, stream_kinds
+from pipeline.join.partition_task import PartitionTask, changed_user_rows, stream_kinds
 from pipeline.kafka import example_records
 from pipeline.kafka.io import KafkaSink, KafkaSinkError, caught_up, ensure_topics
 from pipeline.kafka.sources import KafkaEventSource
@@ -269,11 +268,9 @@ class JoinerDaemon:
         with self.observed.phase("flush"):
             self.examples.flush(timeout_s=_FLUSH_TIMEOUT_S)
             self.dead.flush(timeout_s=_FLUSH_TIMEOUT_S)
-        users: list[FeatureRow] = []
-        for task in self.tasks.values():  # one push for all partitions: Feast's cost is mostly per call
-            users += task.user_rows()  # a user lives in one partition; items: the ctr trainer's
+        users = changed_user_rows(self.tasks.values())  # one push: Feast's cost is mostly per call
         with self.observed.phase("features"):
-            self.features.push(users, [])
+            self.features.push(users, [])  # items: the ctr trainer's
         try:
             with self.observed.phase("state"):  # the changed state records and the offsets
                 committed = self.states.checkpoint(self.tasks)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from pipeline.core.config import Config
 from pipeline.core.events import Click, Conversion, Impression, LabelledExample
 from pipeline.join.joiner import Joiner
 
-__all__ = ["NO_MORE", "PartitionTask", "UserFeatures", "stream_kinds"]
+__all__ = ["NO_MORE", "PartitionTask", "UserFeatures", "changed_user_rows", "stream_kinds"]
 
 
 @dataclass
@@ -196,6 +196,12 @@ class PartitionTask:
         for kind, offset in state["next_offsets"].items():
             if kind in self.streams:  # a conversions offset, conversions no longer joined: unused
                 self.streams[kind] = _Stream(next_offset=offset, offered_upto=offset)
+
+
+def changed_user_rows(tasks: Iterable[PartitionTask]) -> list[FeatureRow]:
+    """Every task's changed user rows (:meth:`PartitionTask.user_rows`), for one push to the
+    online store: a user lives in one partition; item rows are the item stage's."""
+    return [row for task in tasks for row in task.user_rows()]
 
 
 def stream_kinds(cfg: Config) -> tuple[str, ...]:

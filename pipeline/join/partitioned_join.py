@@ -48,7 +48,7 @@ from pipeline.core.types import Clock, RawEvent
 from pipeline.core.validation import Validator
 from pipeline.join.example_merge import ExampleMerge
 from pipeline.join.lookahead import STALLED, Lookahead
-from pipeline.join.partition_task import PartitionTask
+from pipeline.join.partition_task import PartitionTask, changed_user_rows
 from pipeline.join.stats import JoinStats
 
 __all__ = ["PROMISE_EVERY", "PartitionedJoin"]
@@ -164,10 +164,7 @@ class PartitionedJoin:
 
     def drain_features(self) -> list[FeatureRow]:
         """Every task's changed user rows (a user lives in one task; items are the item stage's)."""
-        users: list[FeatureRow] = []
-        for task in self.tasks:
-            users += task.user_rows()
-        return users
+        return changed_user_rows(self.tasks)
 
     @property
     def stats(self) -> dict[str, int]:
