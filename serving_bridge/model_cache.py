@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 # replaced and the worker prepares the version itself (~0.1-0.3 s of CPU when the host is free)
 HELPER_PATIENCE_S = 10.0
 _READY = ("ready",)  # the helper's first message, once its imports and warm-up are done
+_WARM_POLL_S = 2.0  # a helper started before the first version asks the registry this often
 _HELPER_NICE = 19
 _EVICT_AFTER_S = 60.0  # a folder is only removed this long after it was written (no load is that slow)
 
@@ -111,7 +112,7 @@ def _helper_main(
     from trainers.registry import MlflowModelStore
 
     torch.set_num_threads(1)  # it runs beside the requests: one core's idle time at most
-    store = _warmed_store(registry, tracking_uri, device)
+    store = _warmed_store(registry, tracking_uri, device, conn)
     try:
         conn.send(_READY)  # asked nothing before this: the worker prepares versions itself until then
         while True:
@@ -127,19 +128,23 @@ def _helper_main(
         return
 
 
-def _warmed_store(registry: RegistryConfig, tracking_uri: str, device: str | None) -> Any:
+def _warmed_store(registry: RegistryConfig, tracking_uri: str, device: str | None, conn: Connection) -> Any:
     """The helper's registry store, its first prepare done: making the store and the first download
     and trace import and set up ~7 s of code here, at start, not at the first swap. It prepares the
-    champion (if any) into a folder of its own, thrown away; None if MLflow is away (made later)."""
+    champion into a folder of its own, thrown away. Started before the first version (a fresh
+    deployment), it asks the registry for one every ``_WARM_POLL_S``: warmed by nothing, its first
+    prepare did that work at nice 19, and on a busy host the worker gave up on it after
+    ``HELPER_PATIENCE_S``. None if MLflow is away (the store is made later)."""
     from trainers.registry import MlflowModelStore
 
     try:
         store = MlflowModelStore(registry, tracking_uri)
-        version = store.resolve(registry.champion_alias)
-        if version is not None:
-            with tempfile.TemporaryDirectory(prefix="ctr-helper-warm-") as tmp:
-                prepare(store, version, Path(tmp) / "warm", "torchscript", device)
-    except Exception as exc:  # MLflow away, no model yet: the first request does it
+        while (version := store.resolve(registry.champion_alias)) is None:
+            if conn.poll(_WARM_POLL_S):  # asked nothing before it is ready: the worker has closed its end
+                return store
+        with tempfile.TemporaryDirectory(prefix="ctr-helper-warm-") as tmp:
+            prepare(store, version, Path(tmp) / "warm", "torchscript", device)
+    except Exception as exc:  # MLflow away: the first request makes the store
         log.info("serve: the model helper could not warm up (%r); it will at its first version", exc)
         return None
     return store
