@@ -212,29 +212,30 @@ class ModelHelper:
         then replaced at once (spawned: the worker has threads by now), so that its successor
         starts while the worker prepares this version itself."""
         with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._replace()
+                raise OSError("the model helper was not running; its successor is starting")
+            if not self._is_ready():
+                raise HelperStarting(f"the model helper is still starting; not asked for version {version}")
+            conn = self._conn  # close() from another thread (shutdown) sets the attribute to None
+            assert conn is not None
             try:
-                if self._proc is None or not self._proc.is_alive():
-                    raise OSError("the model helper is not running")
-                if not self._is_ready():
-                    raise HelperStarting(
-                        f"the model helper is still starting; not asked for version {version}"
-                    )
-                conn = self._conn  # close() from another thread (shutdown) sets the attribute to None
-                assert conn is not None
                 conn.send((version, str(folder), inference))
                 if not conn.poll(HELPER_PATIENCE_S):
                     raise TimeoutError(
                         f"the model helper has not prepared version {version} in {HELPER_PATIENCE_S:.0f} s"
                     )
                 answer = conn.recv()
-            except HelperStarting:
-                raise
             except (OSError, EOFError, TimeoutError):
-                self.close()
-                self.start("spawn")
+                self._replace()
                 raise
         if answer is not None:
             raise RuntimeError(f"preparing version {version} failed in the model helper: {answer}")
+
+    def _replace(self) -> None:
+        """Close this helper and spawn its successor (the worker has threads by now: no fork)."""
+        self.close()
+        self.start("spawn")
 
     def kill(self) -> None:
         """SIGKILL the process (what an OOM kill does; tests)."""
